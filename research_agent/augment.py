@@ -1,0 +1,54 @@
+"""Augmentation: external research and notes stored with their source, title and provenance."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from research_agent.collections import now_iso, open_collection
+from research_agent.errors import DocumentError
+from research_agent.ingest import PreparedDocument, content_hash, document_key, write_documents
+
+
+class AugmentResult(BaseModel):
+    collection: str
+    document: str
+    title: str
+    source: str
+    kind: str
+    chunks_written: int
+    status: str  # added | unchanged | updated
+
+
+MAX_RESEARCH_CHARS = 2_000_000
+
+
+def add_research(c, collection: str, content: str, source: str, title: str | None = None,
+                 kind: str = "research") -> AugmentResult:
+    """Store research text (Markdown) with its source; the same content from the same source is stored once."""
+    from research_agent.chunking import chunk_document
+    from research_agent.parsing import parse_text
+
+    if not isinstance(content, str) or not content.strip():
+        raise DocumentError("The research content is empty", guidance="Pass --content TEXT, --file F or text on stdin.")
+    if len(content) > MAX_RESEARCH_CHARS:
+        raise DocumentError(f"The content has {len(content)} characters; the limit is {MAX_RESEARCH_CHARS}",
+                            guidance="Split it into several pieces.")
+    if not isinstance(source, str) or not source.strip():
+        raise DocumentError("The source is empty", guidance="Pass --source with a URL or citation.")
+    c.store.refresh()
+    open_collection(c, collection)
+    digest = content_hash(f"{source}\n{content}")
+    document = f"{kind}:{content_hash(source)[:16]}:{digest[:12]}"
+    key = document_key(collection, document)
+    if c.store.registry_get([key]):
+        existing = c.store.registry_get([key])[key]
+        return AugmentResult(collection=collection, document=document, title=existing["title"], source=source,
+                             kind=kind, chunks_written=0, status="unchanged")
+    parsed = parse_text(content, format="markdown", name=title or source)
+    doc_title = title or parsed.title or source
+    chunks = chunk_document(parsed, source=document, max_tokens=c.settings.chunk_max_tokens)
+    doc = PreparedDocument(document=document, title=doc_title, kind=kind, source=source, content_hash=digest,
+                           chunks=chunks, extra={"added_at": now_iso()})
+    written = write_documents(c, collection, [doc])
+    return AugmentResult(collection=collection, document=document, title=doc_title, source=source, kind=kind,
+                         chunks_written=written, status="added")

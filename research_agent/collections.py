@@ -1,0 +1,135 @@
+"""Collections: create, list, inspect and delete the knowledge collections."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel
+
+from research_agent.errors import CollectionError
+
+COLLECTION_TYPES = ("fundamental", "project-specific")
+
+
+class CollectionInfo(BaseModel):
+    name: str
+    type: str
+    description: str
+    projects: list[str]
+    embedding_model: str
+    embedding_dimension: int | None
+    document_count: int
+    chunk_count: int
+    created_at: str
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionInfo]
+
+
+class Deleted(BaseModel):
+    deleted: str
+    kind: str
+    chunks_removed: int = 0
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def open_collection(c, name: str, *, check_model: bool = True) -> Any:
+    """The Chroma collection for `name`; a model mismatch is a CollectionError that says to reindex."""
+    col = c.store.get_collection(name)
+    built_with = (col.metadata or {}).get("embedding_model")
+    if check_model and built_with and built_with != c.settings.embedding_model:
+        raise CollectionError(
+            f"Collection {name!r} was built with embedding model {built_with!r}, but {c.settings.embedding_model!r} "
+            "is configured; reindex it first",
+            guidance=f"Run `research-agent kb reindex --collection {name}` to re-embed it, or set "
+            f"RESEARCH_AGENT_EMBEDDING_MODEL={built_with}.",
+            collection=name,
+        )
+    return col
+
+
+def _info(c, col: Any, project_links: dict[str, list[str]]) -> CollectionInfo:
+    meta = col.metadata or {}
+    docs = c.store.registry_find("document", col.name)
+    return CollectionInfo(
+        name=col.name,
+        type=meta.get("type", "project-specific"),
+        description=meta.get("description", ""),
+        projects=project_links.get(col.name, []),
+        embedding_model=meta.get("embedding_model", ""),
+        embedding_dimension=meta.get("embedding_dimension"),
+        document_count=len(docs),
+        chunk_count=sum(int(d.get("chunk_count", 0)) for d in docs.values()),
+        created_at=meta.get("created_at", ""),
+    )
+
+
+def _project_links(c) -> dict[str, list[str]]:
+    links: dict[str, list[str]] = {}
+    for rec in c.store.registry_find("project").values():
+        for name in rec.get("collections", []):
+            links.setdefault(name, []).append(rec["name"])
+    return links
+
+
+def _check_type(type: str) -> None:
+    if type not in COLLECTION_TYPES:
+        raise CollectionError(f"Unknown collection type {type!r}", guidance=f"Use one of: {', '.join(COLLECTION_TYPES)}.")
+
+
+def create_collection(c, name: str, type: str = "project-specific", description: str = "",
+                      project: str | None = None) -> CollectionInfo:
+    """Create an empty collection (and link it to `project` when given)."""
+    _check_type(type)
+    from research_agent.projects import link_collections, require_project
+
+    if project:
+        require_project(c, project)
+    with c.store.write_lock():
+        c.store.create_collection(name, {
+            "type": type,
+            "description": description or "",
+            "embedding_model": c.settings.embedding_model,
+            "embedding_backend": c.settings.embedding_backend,
+            "chunk_max_tokens": c.settings.chunk_max_tokens,
+            "created_at": now_iso(),
+        })
+    if project:
+        link_collections(c, project, [name])
+    return get_collection_info(c, name)
+
+
+def list_collections(c, type: str | None = None, project: str | None = None) -> CollectionList:
+    if type:
+        _check_type(type)
+    c.store.refresh()
+    links = _project_links(c)
+    if project:
+        from research_agent.projects import require_project
+
+        require_project(c, project)
+    infos = [_info(c, col, links) for col in c.store.list_collections()]
+    infos = [i for i in infos if (not type or i.type == type) and (not project or project in i.projects)]
+    return CollectionList(collections=infos)
+
+
+def get_collection_info(c, name: str) -> CollectionInfo:
+    c.store.refresh()
+    return _info(c, c.store.get_collection(name), _project_links(c))
+
+
+def delete_collection(c, name: str) -> Deleted:
+    """Delete the collection, its documents and its links from projects."""
+    info = get_collection_info(c, name)
+    from research_agent.projects import drop_collection_links
+
+    with c.store.write_lock():
+        c.store.delete_collection(name)
+        c.store.registry_delete_collection(name)
+        drop_collection_links(c, name)
+    return Deleted(deleted=name, kind="collection", chunks_removed=info.chunk_count)

@@ -1,0 +1,66 @@
+"""The composition root: settings, store, embedder and reranker, each built once and lazily."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from research_agent.config import Settings, load_settings
+
+
+class Container:
+    """What every service function receives; nothing else reads settings or the environment."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._store: Any = None
+
+    @property
+    def store(self):  # -> Store
+        if self._store is None:
+            from research_agent.store import Store
+
+            self._store = Store(self.settings)
+        return self._store
+
+    @property
+    def embedder(self):  # -> Embedder
+        from research_agent.embeddings import load_embedder
+
+        return load_embedder(self.settings)
+
+    @property
+    def embedder_loaded(self) -> bool:
+        from research_agent.embeddings import is_loaded
+
+        return is_loaded(self.settings)
+
+    @property
+    def reranker(self):  # -> Reranker
+        from research_agent.rerank import get_reranker
+
+        return get_reranker(self.settings)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+def configure_logging(settings: Settings) -> None:
+    """Logs go to stderr (stdout belongs to results and JSON-RPC), optionally to a file too."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if settings.log_file:
+        handlers.append(logging.FileHandler(settings.log_file))
+    logging.basicConfig(level=settings.log_level.upper(), handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("chromadb", "httpx", "sentence_transformers", "transformers", "urllib3", "filelock", "bm25s"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def build_container(config_file: Path | str | None = None, **overrides: Any) -> Container:
+    """Settings from every layer (overrides are CLI flags; None = not given), then the container."""
+    settings = load_settings(config_file, **overrides)
+    configure_logging(settings)
+    return Container(settings)

@@ -1,0 +1,119 @@
+"""Projects: named groups of linked collections, with default collections for queries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from research_agent.collections import Deleted, now_iso
+from research_agent.errors import CollectionError
+from research_agent.store import validate_name
+
+
+class ProjectInfo(BaseModel):
+    name: str
+    description: str
+    collections: list[str]
+    default_collections: list[str]
+    created_at: str
+
+
+class ProjectList(BaseModel):
+    projects: list[ProjectInfo]
+
+
+def _key(name: str) -> str:
+    return f"project:{name}"
+
+
+def require_project(c, name: str) -> dict[str, Any]:
+    c.store.refresh()
+    rec = c.store.registry_get([_key(name)]).get(_key(name))
+    if rec is None:
+        raise CollectionError(
+            f"Project {name!r} not found",
+            guidance="Run `research-agent projects list`, or create it with `research-agent projects create`.",
+            project=name,
+        )
+    return rec
+
+
+def _save(c, rec: dict[str, Any]) -> ProjectInfo:
+    c.store.registry_put({_key(rec["name"]): rec}, "project")
+    return ProjectInfo(**rec)
+
+
+def _require_collections(c, names: list[str]) -> list[str]:
+    if not names:
+        raise CollectionError("No collections given", guidance="Pass --collections a,b.")
+    missing = [n for n in names if not c.store.has_collection(n)]
+    if missing:
+        raise CollectionError(f"Unknown collections: {', '.join(missing)}", missing=missing)
+    return list(dict.fromkeys(names))
+
+
+def create_project(c, name: str, description: str = "") -> ProjectInfo:
+    validate_name(name, "project")
+    with c.store.write_lock():
+        if c.store.registry_get([_key(name)]):
+            raise CollectionError(f"Project {name!r} already exists", guidance="Pick another name.", project=name)
+        return _save(c, {"name": name, "description": description or "", "collections": [],
+                         "default_collections": [], "created_at": now_iso()})
+
+
+def list_projects(c) -> ProjectList:
+    c.store.refresh()
+    recs = sorted(c.store.registry_find("project").values(), key=lambda r: r["name"])
+    return ProjectList(projects=[ProjectInfo(**r) for r in recs])
+
+
+def get_project_info(c, name: str) -> ProjectInfo:
+    return ProjectInfo(**require_project(c, name))
+
+
+def delete_project(c, name: str) -> Deleted:
+    """Delete the project; its collections stay."""
+    require_project(c, name)
+    with c.store.write_lock():
+        c.store.registry_delete([_key(name)])
+    return Deleted(deleted=name, kind="project")
+
+
+def link_collections(c, name: str, collections: list[str]) -> ProjectInfo:
+    with c.store.write_lock():
+        rec = require_project(c, name)
+        rec["collections"] = list(dict.fromkeys(rec["collections"] + _require_collections(c, collections)))
+        return _save(c, rec)
+
+
+def unlink_collections(c, name: str, collections: list[str]) -> ProjectInfo:
+    with c.store.write_lock():
+        rec = require_project(c, name)
+        not_linked = [n for n in collections if n not in rec["collections"]]
+        if not_linked:
+            raise CollectionError(f"Not linked to {name!r}: {', '.join(not_linked)}", project=name)
+        rec["collections"] = [n for n in rec["collections"] if n not in collections]
+        rec["default_collections"] = [n for n in rec["default_collections"] if n not in collections]
+        return _save(c, rec)
+
+
+def set_default_collections(c, name: str, collections: list[str]) -> ProjectInfo:
+    """Set the collections a `--project` query searches; they are linked first if they are not."""
+    with c.store.write_lock():
+        rec = require_project(c, name)
+        wanted = _require_collections(c, collections)
+        rec["collections"] = list(dict.fromkeys(rec["collections"] + wanted))
+        rec["default_collections"] = wanted
+        return _save(c, rec)
+
+
+def drop_collection_links(c, collection: str) -> None:
+    """Called (under the write lock) when a collection is deleted."""
+    changed = {}
+    for key, rec in c.store.registry_find("project").items():
+        if collection in rec["collections"] or collection in rec["default_collections"]:
+            rec["collections"] = [n for n in rec["collections"] if n != collection]
+            rec["default_collections"] = [n for n in rec["default_collections"] if n != collection]
+            changed[key] = rec
+    c.store.registry_put(changed, "project")

@@ -1,0 +1,86 @@
+"""Cross-encoder reranking behind one interface; lazily loaded once per process, under a lock."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from typing import Any
+
+from research_agent.config import Settings
+from research_agent.embeddings import offline_env, quiet_model_libraries, resolve_model
+
+log = logging.getLogger(__name__)
+
+_cache: dict[tuple[str, str, str], "Reranker"] = {}
+_cache_lock = threading.Lock()
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, x))))
+
+
+class Reranker:
+    """Scores (query, passage) pairs in 0..1; `available` is False (with `error`) if the model cannot load."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.model_name = settings.reranker_model
+        self.backend = settings.reranker_backend
+        self._settings = settings
+        self._model: Any = None
+        self.available: bool | None = None  # None: not tried yet
+        self.error: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def load(self) -> bool:
+        with self._lock:
+            if self.available is not None:
+                return self.available
+            try:
+                target, offline = resolve_model(self.model_name, self._settings)
+                offline_env(offline)
+                quiet_model_libraries()
+                self._model = self._load(target)
+                self.available = True
+            except Exception as exc:
+                log.info("reranker %s unavailable: %s", self.model_name, exc)
+                self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                self.available = False
+            return self.available
+
+    def _load(self, target: str) -> Any:
+        if self.backend == "flagembedding":
+            from FlagEmbedding import FlagReranker
+
+            return FlagReranker(target, use_fp16=False, devices=self._settings.device)
+        from sentence_transformers import CrossEncoder
+
+        return CrossEncoder(target, device=self._settings.device)
+
+    def raw_scores(self, query: str, passages: list[str]) -> list[float]:
+        pairs = [(query, p) for p in passages]
+        if self.backend == "flagembedding":
+            scores = self._model.compute_score(pairs, batch_size=32, normalize=False)
+            return [float(s) for s in (scores if isinstance(scores, list) else [scores])]
+        import torch
+
+        out = self._model.predict(pairs, batch_size=32, activation_fn=torch.nn.Identity(), show_progress_bar=False)
+        return [float(s) for s in out]
+
+    def score(self, query: str, passages: list[str]) -> list[float] | None:
+        """Relevance in 0..1 for each passage (sigmoid of the logit), or None if unavailable."""
+        if not passages or not self.load():
+            return None
+        return [_sigmoid(s) for s in self.raw_scores(query, passages)]
+
+
+def get_reranker(settings: Settings) -> Reranker:
+    key = (settings.reranker_backend, settings.reranker_model, settings.device)
+    with _cache_lock:
+        if key not in _cache:
+            _cache[key] = Reranker(settings)
+        return _cache[key]

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Quick start: set up, then ingest the bundled docs into the embedded default store and ask a question.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # models load from installed packages; no hub retries
+ra=.venv/bin/research-agent
+$ra collections info sample-docs >/dev/null 2>&1 ||
+  $ra collections create sample-docs --type fundamental --description "research-agent's own documentation"
+$ra kb add-folder docs --collection sample-docs --recursive
+$ra query "${1:-How do I connect Cursor to research-agent over MCP?}" --collections sample-docs --top-k 3

