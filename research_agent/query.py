@@ -186,6 +186,32 @@ def refine(query: str, hits: list[QueryHit], settings: Any) -> QueryRefinement:
     return QueryRefinement(status="optimal", suggestions=[], message="The top results match the query well.")
 
 
+def retrieve_candidates(c, query: str, names: list[str], *, mode: str = "hybrid", n: int = 60,
+                        document_context: str | None = None, timings: dict[str, float] | None = None) -> list[Candidate]:
+    """Candidates from the collections `names`, best first, before capping and reranking."""
+    s = c.settings
+    timings = timings if timings is not None else {}
+    cols = {name: open_collection(c, name) for name in names}
+    lists: dict[str, list[Candidate]] = {}
+    if mode in ("semantic", "hybrid"):
+        t = time.perf_counter()
+        qvec = c.embedder.embed_query(query)
+        if document_context and document_context.strip():
+            ctx = c.embedder.embed_query(document_context[: s.max_query_chars * 4])
+            mixed = [q + CONTEXT_WEIGHT * x for q, x in zip(qvec, ctx)]
+            norm = math.sqrt(sum(v * v for v in mixed)) or 1.0
+            qvec = [v / norm for v in mixed]
+        dense = [cand for name in names for cand in _dense(c, name, cols[name], qvec, n)]
+        lists["dense"] = sorted(dense, key=lambda x: x.dense or 0.0, reverse=True)
+        timings["dense"] = (time.perf_counter() - t) * 1000
+    if mode in ("keyword", "hybrid"):
+        t = time.perf_counter()
+        kw = [cand for name in names for cand in _keyword(c, name, cols[name], query, n)]
+        lists["keyword"] = sorted(kw, key=lambda x: x.keyword or 0.0, reverse=True)
+        timings["keyword"] = (time.perf_counter() - t) * 1000
+    return _fuse(lists, {})
+
+
 def query_knowledge(c, query: str, *, collections: list[str] | None = None, project: str | None = None,
                     top_k: int = 10, document_context: str | None = None, mode: str = "hybrid",
                     rerank: bool = True) -> QueryResult:
@@ -200,27 +226,10 @@ def query_knowledge(c, query: str, *, collections: list[str] | None = None, proj
         raise QueryError(f"top_k must be between 1 and {s.max_top_k}", guidance="Pass a smaller --top-k.")
     c.store.refresh()
     names = resolve_collections(c, collections, project)
-    cols = {n: open_collection(c, n) for n in names}
-    n_cand = max(s.rerank_candidates, top_k) * 2
     timings: dict[str, float] = {}
-    lists: dict[str, list[Candidate]] = {}
-    if mode in ("semantic", "hybrid"):
-        t = time.perf_counter()
-        qvec = c.embedder.embed_query(query)
-        if document_context and document_context.strip():
-            ctx = c.embedder.embed_query(document_context[: s.max_query_chars * 4])
-            mixed = [q + CONTEXT_WEIGHT * x for q, x in zip(qvec, ctx)]
-            norm = math.sqrt(sum(v * v for v in mixed)) or 1.0
-            qvec = [v / norm for v in mixed]
-        dense = [cand for n in names for cand in _dense(c, n, cols[n], qvec, n_cand)]
-        lists["dense"] = sorted(dense, key=lambda x: x.dense or 0.0, reverse=True)
-        timings["dense"] = (time.perf_counter() - t) * 1000
-    if mode in ("keyword", "hybrid"):
-        t = time.perf_counter()
-        kw = [cand for n in names for cand in _keyword(c, n, cols[n], query, n_cand)]
-        lists["keyword"] = sorted(kw, key=lambda x: x.keyword or 0.0, reverse=True)
-        timings["keyword"] = (time.perf_counter() - t) * 1000
-    fused = cap_per_document(_fuse(lists, {}), s.per_document_cap)
+    fused = retrieve_candidates(c, query, names, mode=mode, n=max(s.rerank_candidates, top_k) * 2,
+                                document_context=document_context, timings=timings)
+    fused = cap_per_document(fused, s.per_document_cap)
     warnings: list[str] = []
     reranked = False
     pool = fused[: max(s.rerank_candidates, top_k)] if rerank and s.rerank else fused[:top_k]
