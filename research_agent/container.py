@@ -48,12 +48,28 @@ class Container:
             self._store.close()
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is now (test runners and servers swap it)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def configure_logging(settings: Settings) -> None:
     """Logs go to stderr (stdout belongs to results and JSON-RPC), optionally to a file too."""
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    level = settings.log_level.upper()
+    handlers: list[logging.Handler] = [_StderrHandler()]
     if settings.log_file:
         handlers.append(logging.FileHandler(settings.log_file))
-    logging.basicConfig(level=settings.log_level.upper(), handlers=handlers, force=True,
+    for h in handlers:
+        # Handler-level too: some libraries (bm25s) set their own logger to DEBUG when imported.
+        h.setLevel(level)
+    logging.basicConfig(level=level, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("chromadb", "httpx", "sentence_transformers", "transformers", "urllib3", "filelock", "bm25s"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))

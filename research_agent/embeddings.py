@@ -62,7 +62,24 @@ def resolve_model(name: str, settings: Settings) -> tuple[str, bool]:
         return str(path.resolve()), True
     if name.startswith((".", "/", "~")):
         raise ConfigError(f"Model path {name} does not exist", guidance="Point the model setting at a model folder.")
-    return name, bool(settings.hf_offline)
+    offline = bool(settings.hf_offline) or os.environ.get("HF_HUB_OFFLINE") == "1"
+    if offline and not _in_hf_cache(name):
+        # Fail before importing torch and sentence-transformers (seconds) for a model that cannot load.
+        raise ConfigError(
+            f"Model {name!r} is not in the local Hugging Face cache and downloads are off (HF_HUB_OFFLINE=1)",
+            guidance="Fetch it once with network (scripts/fetch_models.py), or point the setting at a model folder.",
+            model=name,
+        )
+    return name, offline
+
+
+def _in_hf_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:
+        return False
 
 
 def offline_env(offline: bool) -> None:

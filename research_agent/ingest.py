@@ -251,9 +251,14 @@ def write_documents(c, collection: str, docs: list[PreparedDocument]) -> int:
     keys = [document_key(collection, d.document) for d in docs]
     with c.store.write_lock():
         col = open_collection(c, collection)
+        recover_interrupted(c, collection, col)
         old = c.store.registry_get(keys)
+        stale = {key: old[key] for key, d in zip(keys, docs) if key in old and old[key]["content_hash"] != d.content_hash}
+        # The intent names both versions, so a crash at any step below is undone by the next writer.
+        _write_intent(c, collection, [*stale.values(), *({"document": d.document, "content_hash": d.content_hash,
+                                                          "chunk_count": len(d.chunks)} for d in docs)])
         # 1. new chunks (invisible: no manifest points at their hash yet); 2. flip manifests;
-        # 3. drop the old version's chunks. A crash between steps leaves only invisible orphans.
+        # 3. drop the old version's chunks. Queries see exactly one version at every moment.
         for start in range(0, len(ids), 1000):
             col.upsert(ids=ids[start:start + 1000], embeddings=vectors[start:start + 1000],
                        documents=texts[start:start + 1000], metadatas=metas[start:start + 1000])
@@ -268,14 +273,42 @@ def write_documents(c, collection: str, docs: list[PreparedDocument]) -> int:
             for key, d in zip(keys, docs)
         }
         c.store.registry_put(manifests, "document", collection)
-        stale: list[str] = []
-        for key, d in zip(keys, docs):
-            prev = old.get(key)
-            if prev and prev["content_hash"] != d.content_hash:
-                stale += chunk_ids(collection, d.document, prev["content_hash"], int(prev["chunk_count"]))
-        for start in range(0, len(stale), 1000):
-            col.delete(ids=stale[start:start + 1000])
+        _delete_chunks(col, _version_ids(collection, stale.values()))
+        _clear_intent(c, collection)
         c.store.bump_revision(collection)
+    return len(ids)
+
+
+def _version_ids(collection: str, versions: Iterable[dict[str, Any]]) -> list[str]:
+    return [cid for v in versions for cid in chunk_ids(collection, v["document"], v["content_hash"], int(v["chunk_count"]))]
+
+
+def _delete_chunks(col: Any, ids: list[str]) -> None:
+    for start in range(0, len(ids), 1000):
+        col.delete(ids=ids[start:start + 1000])
+
+
+def _write_intent(c, collection: str, versions: list[dict[str, Any]]) -> None:
+    c.store.registry_put({f"intent:{collection}": {"versions": versions}}, "intent", collection)
+
+
+def _clear_intent(c, collection: str) -> None:
+    c.store.registry_delete([f"intent:{collection}"])
+
+
+def recover_interrupted(c, collection: str, col: Any) -> int:
+    """Undo a write that was killed midway (under the write lock): drop chunks no manifest points at."""
+    intent = c.store.registry_get([f"intent:{collection}"]).get(f"intent:{collection}")
+    if not intent:
+        return 0
+    versions = intent["versions"]
+    current = {m["document"]: m["content_hash"]
+               for m in c.store.registry_get([document_key(collection, v["document"]) for v in versions]).values()}
+    orphans = [v for v in versions if current.get(v["document"]) != v["content_hash"]]
+    ids = _version_ids(collection, orphans)
+    _delete_chunks(col, ids)
+    _clear_intent(c, collection)
+    log.warning("recovered an interrupted write to %s: removed %d orphan chunks", collection, len(ids))
     return len(ids)
 
 
@@ -292,11 +325,13 @@ def delete_documents(c, collection: str, manifests: dict[str, dict[str, Any]]) -
         return 0
     col = open_collection(c, collection, check_model=False)
     with c.store.write_lock():
+        recover_interrupted(c, collection, col)
+        versions = list(manifests.values())
+        _write_intent(c, collection, versions)
         c.store.registry_delete(list(manifests))
-        ids = [cid for m in manifests.values()
-               for cid in chunk_ids(collection, m["document"], m["content_hash"], int(m["chunk_count"]))]
-        for start in range(0, len(ids), 1000):
-            col.delete(ids=ids[start:start + 1000])
+        ids = _version_ids(collection, versions)
+        _delete_chunks(col, ids)
+        _clear_intent(c, collection)
         c.store.bump_revision(collection)
     return len(ids)
 
@@ -456,8 +491,12 @@ def reindex_collection(c, collection: str, progress: ProgressFn | None = None) -
         except BaseException:
             c.store.delete_collection(tmp_name)
             raise
-        c.store.delete_collection(collection)
+        # Keep the old collection under a backup name until the new one carries the real name, so a
+        # crash here never loses the collection (`research-agent doctor` finishes or undoes the swap).
+        backup = f"research-agent-old-{uuid.uuid4().hex[:8]}-{collection}"[:500]
+        old.modify(name=backup)
         new.modify(name=collection)
+        c.store.delete_collection(backup)
         c.store.bump_revision(collection)
     report.seconds = round(time.perf_counter() - started, 3)
     return report

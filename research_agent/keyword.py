@@ -1,18 +1,49 @@
-"""The keyword (BM25) index of a collection, rebuilt from Chroma whenever its revision changes."""
+"""The keyword (BM25) index of a collection, rebuilt from Chroma whenever its revision changes.
+
+Chroma's own sparse index is not available in the embedded store, so each process keeps a bm25s
+index per collection, keyed by (store, Chroma collection id) and stamped with the collection's
+revision from the store registry. Every write (any process, embedded or server) bumps that revision,
+and the next search rebuilds the index from the active chunks, so it never serves stale text.
+
+Ranking: one BM25 index per field (content; title = document title + header path; keywords =
+front-matter keywords/tags), combined as a weighted sum of the per-field scores (content 1.0,
+title 2.0, keywords 3.0 by default). Each field keeps its own length normalisation (none for keywords),
+unlike boosting by repeating the title inside the content, which inflates every chunk's length.
+Tokens: lowercased words of 2+ characters, the Lucene English stop words, Snowball English stems.
+
+Typo tolerance: a query word whose stem is in no field's vocabulary is replaced by the corpus words
+within one edit (insertion, deletion, substitution or adjacent transposition) of it, most frequent
+first (at most `MAX_CORRECTIONS`). Candidates are generated from the query word (about 54 x length
+strings) and looked up in the corpus word set, so there is nothing extra to build with the index.
+"""
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 _PAGE = 5000
-# Field boosts by repetition (the ACDC spec's weights): keywords 3x, title 2x, content 1x.
-TITLE_BOOST = 2
-KEYWORD_BOOST = 3
+#: Field weights (the ACDC spec's boosts).
+CONTENT_WEIGHT = 1.0
+TITLE_WEIGHT = 2.0
+KEYWORD_WEIGHT = 3.0
+#: Corrections per misspelt query word, and the shortest word we try to correct (short words have too
+#: many neighbours within one edit to guess which was meant).
+MAX_CORRECTIONS = 3
+MIN_CORRECTABLE_LEN = 4
+
+# The Lucene/Elasticsearch English stop words (bm25s's "en" list).
+STOP_WORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
+    "this to was will with".split())
+_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+_LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 _cache: dict[tuple[str, str], tuple[int, "KeywordIndex"]] = {}  # (store, Chroma collection id)
 _cache_lock = threading.Lock()
+_build_locks: dict[tuple[str, str], threading.Lock] = {}
 
 
 @dataclass
@@ -28,42 +59,147 @@ def _stemmer() -> Any:
     return Stemmer.Stemmer("english")
 
 
-def index_text(text: str, meta: dict[str, Any]) -> str:
+def words(text: str) -> list[str]:
+    """Lowercased word tokens without stop words (before stemming)."""
+    return [w for w in _TOKEN.findall(text.lower()) if w not in STOP_WORDS]
+
+
+def edits1(word: str) -> set[str]:
+    """Every string one insertion, deletion, substitution or adjacent transposition away from `word`."""
+    splits = [(word[:i], word[i:]) for i in range(len(word) + 1)]
+    deletes = [a + b[1:] for a, b in splits if b]
+    transposes = [a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1]
+    replaces = [a + ch + b[1:] for a, b in splits if b for ch in _LETTERS if ch != b[0]]
+    inserts = [a + ch + b for a, b in splits for ch in _LETTERS]
+    return set(deletes + transposes + replaces + inserts)
+
+
+def field_texts(chunk: Chunk) -> tuple[str, str, str]:
+    meta = chunk.metadata
     title = f"{meta.get('document_title', '')} {meta.get('header_path', '')}"
-    keywords = " ".join(meta.get("keywords") or [])
-    return " ".join([text] + [title] * TITLE_BOOST + [keywords] * KEYWORD_BOOST)
+    kw = meta.get("keywords") or []
+    keywords = " ".join(str(k) for k in (kw if isinstance(kw, list) else [kw]))
+    return chunk.text, title, keywords
 
 
 class KeywordIndex:
-    """BM25 with English stemming and stop words over the active chunks of one collection."""
+    """BM25 with per-field weights, stemming, stop words and one-edit typo tolerance over one collection's chunks."""
 
-    def __init__(self, chunks: list[Chunk]) -> None:
+    def __init__(self, chunks: list[Chunk], weights: tuple[float, float, float] | None = None) -> None:
         import bm25s
+        import numpy as np
 
         self.chunks = chunks
+        self.position = {ch.id: i for i, ch in enumerate(chunks)}
+        self.weights = weights or (CONTENT_WEIGHT, TITLE_WEIGHT, KEYWORD_WEIGHT)
+        self._stem_cache: dict[str, str] = {}
         self.stemmer = _stemmer()
-        self.retriever = None
-        if chunks:
-            tokens = bm25s.tokenize([index_text(c.text, c.metadata) for c in chunks], stopwords="en",
-                                    stemmer=self.stemmer, show_progress=False)
-            self.retriever = bm25s.BM25()
-            self.retriever.index(tokens, show_progress=False)
-            self.vocab = set(self.retriever.vocab_dict)
+        self.fields: list[Any] = []
+        self.word_freq: dict[str, int] = {}   # surface word -> number of chunks containing it
+        self.stem_of: dict[str, str] = {}
+        self._columns: dict[str, list[Any]] = {}
+        self._np = np
+        if not chunks:
+            return
+        per_field = list(zip(*(field_texts(ch) for ch in chunks)))
+        tokenized = [[words(t) for t in texts] for texts in per_field]
+        vocab: set[str] = set()
+        for docs in tokenized:
+            for doc in docs:
+                for w in set(doc):
+                    self.word_freq[w] = self.word_freq.get(w, 0) + 1
+                vocab.update(doc)
+        surface = sorted(vocab)
+        self.stem_of = dict(zip(surface, self.stemmer.stemWords(surface)))
+        for n, (docs, weight) in enumerate(zip(tokenized, self.weights)):
+            if weight <= 0 or not any(docs):
+                self.fields.append(None)
+                continue
+            # Keywords are a set of tags, mostly absent: length normalisation against an average
+            # dragged down by empty fields would punish every chunk that has them (b=0 turns it off).
+            retriever = bm25s.BM25(b=0.0) if n == 2 else bm25s.BM25()
+            retriever.index([[self.stem_of[w] for w in doc] for doc in docs], show_progress=False)
+            self.fields.append(retriever)
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def stem(self, word: str) -> str:
+        s = self.stem_of.get(word) or self._stem_cache.get(word)
+        if s is None:
+            s = self._stem_cache[word] = self.stemmer.stemWord(word)
+        return s
+
+    def _known(self, stem: str) -> bool:
+        return any(f is not None and stem in f.vocab_dict for f in self.fields)
+
+    def corrections(self, word: str) -> list[str]:
+        """Corpus words one edit from `word`, most frequent first (empty for short words)."""
+        if len(word) < MIN_CORRECTABLE_LEN or word.isdigit():
+            return []
+        found = [w for w in edits1(word) if w in self.word_freq]
+        found.sort(key=lambda w: (-self.word_freq[w], w))
+        return found[:MAX_CORRECTIONS]
 
     def query_terms(self, query: str) -> list[str]:
-        import bm25s
+        """The query's stems that the index knows, misspelt words replaced by their corrections."""
+        if not self.fields:
+            return []
+        terms: list[str] = []
+        for word in words(query):
+            stem = self.stem(word)
+            if self._known(stem):
+                terms.append(stem)
+            else:
+                terms.extend(self.stem(w) for w in self.corrections(word))
+        return list(dict.fromkeys(terms))
 
-        terms = bm25s.tokenize([query], stopwords="en", stemmer=self.stemmer, return_ids=False,
-                               show_progress=False)[0]
-        return [t for t in terms if t in self.vocab] if self.retriever is not None else []
+    def scores(self, terms: list[str]) -> Any:
+        """The weighted BM25 score of every chunk (a numpy array in chunk order)."""
+        np = self._np
+        total = np.zeros(len(self.chunks), dtype="float32")
+        for retriever, weight in zip(self.fields, self.weights):
+            if retriever is None or weight <= 0:
+                continue
+            ids = [retriever.vocab_dict[t] for t in terms if t in retriever.vocab_dict]
+            if ids:
+                total += weight * retriever.get_scores_from_ids(ids)
+        return total
 
-    def search(self, query: str, k: int) -> list[tuple[Chunk, float]]:
+    def column(self, key: str) -> list[Any]:
+        col = self._columns.get(key)
+        if col is None:
+            col = self._columns[key] = [ch.metadata.get(key) for ch in self.chunks]
+        return col
+
+    def mask(self, predicate: Callable[[dict[str, Any]], bool] | None) -> Any:
+        if predicate is None:
+            return None
+        return self._np.fromiter((predicate(ch.metadata) for ch in self.chunks), dtype=bool, count=len(self.chunks))
+
+    def rank(self, query: str, where: Callable[[dict[str, Any]], bool] | None = None) -> Any:
+        """Every chunk's score for `query` (numpy, chunk order; 0 where `where` rejects), or None if no term is known."""
         terms = self.query_terms(query)
         if not terms:
+            return None
+        scores = self.scores(terms)
+        allowed = self.mask(where)
+        return scores if allowed is None else self._np.where(allowed, scores, 0.0)
+
+    def top(self, scores: Any, k: int) -> list[tuple[Chunk, float]]:
+        """The `k` best chunks of a `rank` result with a positive score, best first."""
+        np = self._np
+        if scores is None or not self.chunks or k <= 0:
             return []
         k = min(k, len(self.chunks))
-        docs, scores = self.retriever.retrieve([terms], k=k, show_progress=False, n_threads=1)
-        return [(self.chunks[int(d)], float(s)) for d, s in zip(docs[0], scores[0]) if s > 0]
+        top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [(self.chunks[int(i)], float(scores[i])) for i in top if scores[i] > 0]
+
+    def search(self, query: str, k: int, *, where: Callable[[dict[str, Any]], bool] | None = None
+               ) -> list[tuple[Chunk, float]]:
+        """The top `k` chunks with a positive score; `where` keeps only chunks whose metadata it accepts."""
+        return self.top(self.rank(query, where), k)
 
 
 def active_chunks(c, collection: str, col: Any) -> list[Chunk]:
@@ -82,15 +218,29 @@ def active_chunks(c, collection: str, col: Any) -> list[Chunk]:
         offset += _PAGE
 
 
+def field_weights(settings: Any) -> tuple[float, float, float]:
+    return (float(getattr(settings, "keyword_content_weight", CONTENT_WEIGHT)),
+            float(getattr(settings, "keyword_title_weight", TITLE_WEIGHT)),
+            float(getattr(settings, "keyword_keywords_weight", KEYWORD_WEIGHT)))
+
+
 def keyword_index(c, collection: str, col: Any) -> KeywordIndex:
     """The cached index, rebuilt when the collection's revision moved (any process's write)."""
     key = (c.store.location, str(col.id))
+    weights = field_weights(c.settings)
     rev = c.store.revision(collection)
     with _cache_lock:
         hit = _cache.get(key)
-        if hit and hit[0] == rev:
+        if hit and hit[0] == rev and hit[1].weights == weights:
             return hit[1]
-    index = KeywordIndex(active_chunks(c, collection, col))
-    with _cache_lock:
-        _cache[key] = (rev, index)
+        build_lock = _build_locks.setdefault(key, threading.Lock())
+    # One build per collection at a time: concurrent queries wait for it instead of repeating it.
+    with build_lock:
+        with _cache_lock:
+            hit = _cache.get(key)
+            if hit and hit[0] == rev and hit[1].weights == weights:
+                return hit[1]
+        index = KeywordIndex(active_chunks(c, collection, col), weights)
+        with _cache_lock:
+            _cache[key] = (rev, index)
     return index

@@ -1,4 +1,8 @@
-"""Query: dense, keyword or hybrid retrieval across collections, then cross-encoder reranking."""
+"""Query: dense, keyword or hybrid retrieval across collections, then cross-encoder reranking.
+
+See docs/query.md for the behaviour (fusion, document_context, filters, token budget, refinement rules)
+and the measurements behind the defaults.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel
 
@@ -15,9 +19,23 @@ from research_agent.collections import open_collection
 from research_agent.errors import CollectionError, QueryError
 
 QUERY_MODES = ("hybrid", "semantic", "keyword")
-RRF_K = 60
-# document_context nudges the query vector towards the file being edited, never past the query.
-CONTEXT_WEIGHT = 0.3
+FUSION_METHODS = ("convex", "rrf")
+
+# Defaults of the tunable knobs (each is a Settings field when config.py has it; see docs/query.md).
+DEFAULTS: dict[str, Any] = {
+    "fusion_method": "convex",       # convex: weighted sum of normalised scores; rrf: reciprocal rank fusion
+    "hybrid_dense_weight": 0.5,      # weight of the dense side in fusion (keyword side: 1 - this)
+    "rrf_k": 60,
+    "context_weight": 0.3,           # document_context mixed into the query vector
+    "retrieval_candidates": 50,      # per retriever and collection, before fusion
+    "snippet_tokens": 60,
+}
+RRF_K = DEFAULTS["rrf_k"]
+CONTEXT_WEIGHT = DEFAULTS["context_weight"]
+
+
+def knob(settings: Any, name: str) -> Any:
+    return getattr(settings, name, DEFAULTS[name])
 
 
 class QueryHit(BaseModel):
@@ -45,6 +63,10 @@ class QueryResult(BaseModel):
     results: list[QueryHit]
     query_refinement: QueryRefinement
     timings_ms: dict[str, float]
+    filters: dict[str, Any] = {}
+    #: Estimated tokens of the returned contents, and whether max_tokens cut the list short.
+    total_tokens: int = 0
+    truncated_by_budget: bool = False
 
 
 @dataclass
@@ -103,6 +125,73 @@ def resolve_collections(c, collections: list[str] | None, project: str | None) -
     return names
 
 
+# -- metadata filters ---------------------------------------------------------------------------
+#: Filter name -> chunk metadata field. `tags` and `keywords` both match front-matter keywords/tags.
+FILTER_FIELDS = {"content_type": "content_type", "kind": "kind", "node_type": "node_type", "status": "status",
+                 "tags": "keywords", "keywords": "keywords", "code_language": "code_language",
+                 "document": "source_document", "collection": "collection"}
+_LIST_FIELDS = {"keywords"}
+_Scalar = (str, int, float, bool)
+
+
+def validate_filters(filters: Any) -> dict[str, list[Any]]:
+    """{name: [accepted values]} from a filters dict; a value may be a scalar or a list (any of)."""
+    if filters is None:
+        return {}
+    if not isinstance(filters, dict):
+        raise QueryError("filters must be a mapping of field to value",
+                         guidance=f"For example {{\"content_type\": \"code_block\"}}; fields: {', '.join(FILTER_FIELDS)}.")
+    out: dict[str, list[Any]] = {}
+    for key, value in filters.items():
+        if key not in FILTER_FIELDS:
+            raise QueryError(f"Unknown filter {key!r}", filter=str(key)[:100],
+                             guidance=f"Filter on one of: {', '.join(FILTER_FIELDS)}.")
+        values = value if isinstance(value, (list, tuple, set)) else [value]
+        values = [v for v in values if v is not None]
+        if not values or not all(isinstance(v, _Scalar) for v in values):
+            raise QueryError(f"Filter {key!r} needs a value or a list of values (strings, numbers)",
+                             guidance=f"For example {{\"{key}\": \"value\"}} or {{\"{key}\": [\"a\", \"b\"]}}.")
+        out[key] = list(dict.fromkeys(values))
+    return out
+
+
+def chroma_where(filters: dict[str, list[Any]]) -> dict[str, Any] | None:
+    """The Chroma `where` clause for validated filters (collection is applied by choosing collections)."""
+    clauses: list[dict[str, Any]] = []
+    for key, values in filters.items():
+        fld = FILTER_FIELDS[key]
+        if key == "collection":
+            continue
+        if fld in _LIST_FIELDS:
+            ors = [{fld: {"$contains": v}} for v in values]
+            clauses.append(ors[0] if len(ors) == 1 else {"$or": ors})
+        else:
+            clauses.append({fld: values[0]} if len(values) == 1 else {fld: {"$in": values}})
+    if not clauses:
+        return None
+    return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+
+def metadata_predicate(filters: dict[str, list[Any]]) -> Callable[[dict[str, Any]], bool] | None:
+    """The same filters as a test on a chunk's metadata (for the keyword index)."""
+    checks = [(FILTER_FIELDS[k], set(v)) for k, v in filters.items() if k != "collection"]
+    if not checks:
+        return None
+
+    def accept(meta: dict[str, Any]) -> bool:
+        for fld, wanted in checks:
+            have = meta.get(fld)
+            if fld in _LIST_FIELDS:
+                if not isinstance(have, list) or not wanted.intersection(have):
+                    return False
+            elif have not in wanted:
+                return False
+        return True
+
+    return accept
+
+
+# -- retrieval ------------------------------------------------------------------------------------
 def _active(c, collection: str, metas: list[dict[str, Any]]) -> list[bool]:
     from research_agent.ingest import document_key
 
@@ -111,34 +200,153 @@ def _active(c, collection: str, metas: list[dict[str, Any]]) -> list[bool]:
     return [current.get(m.get("source_document")) == m.get("content_hash") for m in metas]
 
 
-def _dense(c, collection: str, col: Any, qvec: list[float], n: int) -> list[Candidate]:
+def _dense(c, collection: str, col: Any, qvec: list[float], n: int, where: dict[str, Any] | None) -> list[Candidate]:
     count = col.count()
     if not count:
         return []
-    res = col.query(query_embeddings=[qvec], n_results=min(n, count), include=["documents", "metadatas", "distances"])
+    res = col.query(query_embeddings=[qvec], n_results=min(n, count), where=where,
+                    include=["documents", "metadatas", "distances"])
     ids, docs, metas, dists = res["ids"][0], res["documents"][0], res["metadatas"][0], res["distances"][0]
     keep = _active(c, collection, metas)
     return [Candidate(i, d, m, dense=1.0 - dist) for i, d, m, dist, ok in zip(ids, docs, metas, dists, keep) if ok]
 
 
-def _keyword(c, collection: str, col: Any, query: str, n: int) -> list[Candidate]:
-    from research_agent.keyword import keyword_index
+def _dense_scores(col: Any, qvec: list[float], ids: list[str]) -> dict[str, float]:
+    """Cosine similarity of the query to chunks the dense search did not return (stored vectors are unit length)."""
+    if not ids:
+        return {}
+    import numpy as np
 
-    return [Candidate(ch.id, ch.text, ch.metadata, keyword=s) for ch, s in keyword_index(c, collection, col).search(query, n)]
+    got = col.get(ids=ids, include=["embeddings"])
+    if not len(got["ids"]):
+        return {}
+    vecs = np.asarray(got["embeddings"], dtype="float32")
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True).clip(min=1e-12)
+    sims = vecs @ np.asarray(qvec, dtype="float32")
+    return {cid: float(s) for cid, s in zip(got["ids"], sims)}
 
 
-def _fuse(lists: dict[str, list[Candidate]], weights: dict[str, float]) -> list[Candidate]:
-    """Reciprocal rank fusion: score = sum over retrievers of weight / (k + rank)."""
+def fuse_rrf(dense: list[Candidate], keyword: list[Candidate], dense_weight: float, k: int) -> list[Candidate]:
+    """Weighted reciprocal rank fusion: score = w / (k + dense rank) + (1 - w) / (k + keyword rank)."""
     merged: dict[str, Candidate] = {}
-    for name, cands in lists.items():
+    for name, cands, weight in (("dense", dense, dense_weight), ("keyword", keyword, 1.0 - dense_weight)):
         for rank, cand in enumerate(cands, start=1):
             cur = merged.setdefault(cand.id, cand)
             if cur is not cand:
                 cur.dense = cur.dense if cur.dense is not None else cand.dense
                 cur.keyword = cur.keyword if cur.keyword is not None else cand.keyword
             cur.ranks[name] = rank
-            cur.fused += weights.get(name, 1.0) / (RRF_K + rank)
+            cur.fused += weight / (k + rank)
     return sorted(merged.values(), key=lambda x: x.fused, reverse=True)
+
+
+def fuse_convex(cands: list[Candidate], dense_weight: float) -> list[Candidate]:
+    """Convex combination of min-max normalised scores (every candidate has both scores).
+
+    Normalisation is per query over the candidate pool: dense (cosine) and keyword (BM25) live on
+    different scales, and BM25's scale changes with the query's length and term rarity.
+    """
+    if not cands:
+        return []
+
+    def normaliser(values: list[float]) -> Callable[[float], float]:
+        lo, hi = min(values), max(values)
+        return (lambda v: (v - lo) / (hi - lo)) if hi > lo else (lambda v: 1.0 if hi > 0 else 0.0)
+
+    nd = normaliser([x.dense or 0.0 for x in cands])
+    nk = normaliser([x.keyword or 0.0 for x in cands])
+    for x in cands:
+        x.fused = dense_weight * nd(x.dense or 0.0) + (1.0 - dense_weight) * nk(x.keyword or 0.0)
+    return sorted(cands, key=lambda x: x.fused, reverse=True)
+
+
+def _query_vector(c, query: str, document_context: str | None, weight: float) -> list[float]:
+    qvec = c.embedder.embed_query(query)
+    if document_context and document_context.strip() and weight > 0:
+        ctx = c.embedder.embed_query(document_context[: c.settings.max_query_chars * 4])
+        mixed = [q + weight * x for q, x in zip(qvec, ctx)]
+        norm = math.sqrt(sum(v * v for v in mixed)) or 1.0
+        qvec = [v / norm for v in mixed]
+    return qvec
+
+
+def retrieve_candidates(c, query: str, names: list[str], *, mode: str = "hybrid", n: int = 60,
+                        document_context: str | None = None, timings: dict[str, float] | None = None,
+                        filters: dict[str, Any] | None = None, fusion: str | None = None,
+                        dense_weight: float | None = None, context_weight: float | None = None) -> list[Candidate]:
+    """Candidates from the collections `names`, best first, before capping and reranking.
+
+    Each retriever returns up to `n` chunks per collection; `filters` (see FILTER_FIELDS) restrict both.
+    """
+    from research_agent.keyword import keyword_index
+
+    s = c.settings
+    timings = timings if timings is not None else {}
+    flt = validate_filters(filters)
+    if "collection" in flt:
+        names = [nm for nm in names if nm in set(map(str, flt["collection"]))]
+    where, accept = chroma_where(flt), metadata_predicate(flt)
+    fusion = fusion or knob(s, "fusion_method")
+    if fusion not in FUSION_METHODS:
+        raise QueryError(f"Unknown fusion method {fusion!r}", guidance=f"Use one of: {', '.join(FUSION_METHODS)}.")
+    w = knob(s, "hybrid_dense_weight") if dense_weight is None else dense_weight
+    cols = {name: open_collection(c, name) for name in names}
+    dense: list[Candidate] = []
+    keyword: list[Candidate] = []
+    qvec: list[float] | None = None
+    rankings: dict[str, tuple[Any, Any]] = {}
+    if mode in ("semantic", "hybrid"):
+        t = time.perf_counter()
+        qvec = _query_vector(c, query, document_context,
+                             knob(s, "context_weight") if context_weight is None else context_weight)
+        timings["embed"] = (time.perf_counter() - t) * 1000
+        t = time.perf_counter()
+        dense = sorted((cand for name in names for cand in _dense(c, name, cols[name], qvec, n, where)),
+                       key=lambda x: x.dense or 0.0, reverse=True)
+        timings["dense"] = (time.perf_counter() - t) * 1000
+    if mode in ("keyword", "hybrid"):
+        t = time.perf_counter()
+        for name in names:
+            index = keyword_index(c, name, cols[name])
+            scores = index.rank(query, accept)
+            rankings[name] = (index, scores)
+            keyword += [Candidate(ch.id, ch.text, ch.metadata, keyword=sc) for ch, sc in index.top(scores, n)]
+        keyword.sort(key=lambda x: x.keyword or 0.0, reverse=True)
+        timings["keyword"] = (time.perf_counter() - t) * 1000
+    if mode == "semantic":
+        for rank, cand in enumerate(dense, start=1):
+            cand.ranks["dense"], cand.fused = rank, cand.dense or 0.0
+        return dense
+    if mode == "keyword":
+        for rank, cand in enumerate(keyword, start=1):
+            cand.ranks["keyword"], cand.fused = rank, cand.keyword or 0.0
+        return keyword
+    t = time.perf_counter()
+    if fusion == "rrf":
+        out = fuse_rrf(dense, keyword, w, int(knob(s, "rrf_k")))
+    else:
+        pool: dict[str, Candidate] = {}
+        for rank, cand in enumerate(dense, start=1):
+            cand.ranks["dense"] = rank
+            pool[cand.id] = cand
+        for rank, cand in enumerate(keyword, start=1):
+            cur = pool.setdefault(cand.id, cand)
+            cur.keyword = cand.keyword
+            cur.ranks["keyword"] = rank
+        # Complete the scores: BM25 of dense-only chunks from the full score vector, cosine of
+        # keyword-only chunks from their stored vectors, so no candidate is scored by one side alone.
+        for name, (index, scores) in rankings.items():
+            missing = [x for x in pool.values() if x.keyword is None and x.metadata.get("collection", name) == name]
+            for x in missing:
+                pos = index.position.get(x.id)
+                x.keyword = float(scores[pos]) if scores is not None and pos is not None else 0.0
+        for name in names:
+            need = [x.id for x in pool.values() if x.dense is None and x.metadata.get("collection", name) == name]
+            for cid, sim in _dense_scores(cols[name], qvec or [], need).items():
+                pool[cid].dense = sim
+        out = fuse_convex(list(pool.values()), w)
+    timings["fuse"] = (time.perf_counter() - t) * 1000
+    return out
 
 
 def cap_per_document(cands: list[Candidate], cap: int) -> list[Candidate]:
@@ -160,80 +368,172 @@ def _keyword_relevance(score: float) -> float:
     return 1.0 - math.exp(-score / 8.0)
 
 
-_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_-]{2,}")
-_STOP = set("the and for with that this from are was were has have not but you your can use using how what when "
-            "where which who why into over under about will would should could does did its it's our their".split())
+# -- snippets and the token budget ----------------------------------------------------------------
+_PIECE = re.compile(r"\S+")
+_EDGE = re.compile(r"^\W+|\W+$")
+
+
+def snippet(text: str, query: str, max_tokens: int = 60) -> str:
+    """The window of about `max_tokens` tokens of `text` that holds the most distinct query terms.
+
+    Ties go to the earlier window; a cut is marked with an ellipsis. Text within the budget is returned whole.
+    """
+    from research_agent.chunking import estimate_tokens
+    from research_agent.keyword import _stemmer, words
+
+    if estimate_tokens(text) <= max_tokens:
+        return text
+    stemmer = _stemmer()
+    wanted = set(stemmer.stemWords(words(query)))
+    pieces = [(m.start(), m.end(), estimate_tokens(m.group())) for m in _PIECE.finditer(text)]
+    stems = stemmer.stemWords([_EDGE.sub("", text[a:b]).lower() for a, b, _ in pieces])
+    best, best_score = (0, 0), (-1, -1)
+    j, used = 0, 0
+    counts: Counter[str] = Counter()
+    for i in range(len(pieces)):
+        while j < len(pieces) and (used + pieces[j][2] <= max_tokens or j == i):
+            used += pieces[j][2]
+            if stems[j] in wanted:
+                counts[stems[j]] += 1
+            j += 1
+        score = (len(counts), sum(counts.values()))
+        if score > best_score:
+            best, best_score = (i, j), score
+        used -= pieces[i][2]
+        if stems[i] in wanted:
+            counts[stems[i]] -= 1
+            if not counts[stems[i]]:
+                del counts[stems[i]]
+    i, j = best
+    out = text[pieces[i][0]:pieces[j - 1][1]]
+    return ("… " if i > 0 else "") + out + (" …" if j < len(pieces) else "")
+
+
+# -- refinement --------------------------------------------------------------------------------------
+_WORD = re.compile(r"[A-Za-z][A-Za-z-]{2,}")
+# Function words never suggested as refinements (broader than the BM25 stop list).
+_SUGGEST_STOP = frozenset(
+    "the and for with that this from are was were has have had not but you your can use used using how what when "
+    "where which who whom why into over under about will would should could does did its it's our their there these "
+    "those then than them they also such may might must been being each other more most some any all both only very "
+    "just one two three here onto upon via per between after before while during without within across among out "
+    "off own same so too yet nor him her his hers she its itself we us is be an as at by if in it no of on or to "
+    "shall etc i.e e.g new see".split())
+#: A weak list is "flat" when the 1st and the 5th hit's scores differ by less than this.
+FLAT_SPREAD = 0.05
+FLAT_MIN_HITS = 5
+
+
+def _suggestions(query: str, hits: list[QueryHit], limit: int = 3) -> list[str]:
+    """Refined queries: the query plus a word that several top results share and the query lacks.
+
+    Words are counted once per hit (title and header path count double, as they name what a chunk is
+    about); a word must occur in at least two hits, or in the only hit. Nothing is invented: every
+    suggested word appears in the returned results.
+    """
+    from research_agent.keyword import _stemmer
+
+    stemmer = _stemmer()
+    qstems = set(stemmer.stemWords([w.lower() for w in _WORD.findall(query)]))
+    weight: Counter[str] = Counter()
+    surface: dict[str, Counter[str]] = {}
+    top = hits[:5]
+    for h in top:
+        seen: dict[str, int] = {}
+        for part, boost in ((f"{h.metadata.get('document_title', '')} {h.header_path}", 2), (h.content, 1)):
+            for w in _WORD.findall(part):
+                lw = w.lower().strip("-")
+                if len(lw) < 4 or lw in _SUGGEST_STOP:
+                    continue
+                st = stemmer.stemWord(lw)
+                if st in qstems:
+                    continue
+                seen[st] = max(seen.get(st, 0), boost)
+                surface.setdefault(st, Counter())[lw] += 1
+        for st, boost in seen.items():
+            weight[st] += boost
+    need = 2 if len(top) > 1 else 1
+    hits_with: Counter[str] = Counter()
+    for st in weight:
+        hits_with[st] = sum(1 for h in top if st in {stemmer.stemWord(w.lower()) for w in _WORD.findall(
+            f"{h.metadata.get('document_title', '')} {h.header_path} {h.content}")})
+    ranked = sorted((st for st in weight if hits_with[st] >= need), key=lambda st: (-weight[st], st))
+    return [f"{query} {surface[st].most_common(1)[0][0]}" for st in ranked[:limit]]
 
 
 def refine(query: str, hits: list[QueryHit], settings: Any) -> QueryRefinement:
-    """Advice from the score distribution; suggestions are terms taken from the top results."""
-    qterms = {w.lower() for w in _WORD.findall(query)}
-    counts: Counter[str] = Counter()
-    for h in hits[:5]:
-        for w in _WORD.findall(f"{h.metadata.get('document_title', '')} {h.header_path}"):
-            if w.lower() not in qterms and w.lower() not in _STOP:
-                counts[w.lower()] += 1
-    suggestions = [f"{query} {w}" for w, _ in counts.most_common(3)]
+    """Advice from the score distribution of the final hits (rules in docs/query.md).
+
+    1. clarification_needed: no hit, or the best score is below threshold_somewhat_relevant.
+    2. too_broad: the query has at most one content word, or the hits are weak and flat (best score
+       below threshold_relevant and the 1st and 5th scores within FLAT_SPREAD).
+    3. optimal otherwise. Suggestions (cases 1 and 2) are the query plus a word shared by top results.
+    """
+    from research_agent.keyword import words
+
     scores = [h.relevance_score for h in hits]
     if not hits or scores[0] < settings.threshold_somewhat_relevant:
-        return QueryRefinement(status="clarification_needed", suggestions=suggestions,
+        return QueryRefinement(status="clarification_needed", suggestions=_suggestions(query, hits),
                                message="Nothing relevant was found; rephrase with the terms the documents use, "
-                               "or search other collections.")
-    weak_and_flat = len(scores) >= 3 and scores[0] < settings.threshold_relevant and scores[0] - scores[2] < 0.05
-    if len(qterms) <= 1 and len(query.split()) <= 1 or weak_and_flat:
-        return QueryRefinement(status="too_broad", suggestions=suggestions,
-                               message="Many results match about equally; add detail to narrow the query.")
+                               "search other collections, or check the spelling.")
+    content_words = [w for w in words(query) if w not in _SUGGEST_STOP]
+    if len(content_words) <= 1:
+        return QueryRefinement(status="too_broad", suggestions=_suggestions(query, hits),
+                               message="A one-word query matches many passages; add what you want to know about it.")
+    if (len(scores) >= FLAT_MIN_HITS and scores[0] < settings.threshold_relevant
+            and scores[0] - scores[FLAT_MIN_HITS - 1] < FLAT_SPREAD):
+        return QueryRefinement(status="too_broad", suggestions=_suggestions(query, hits),
+                               message="Many results match about equally and none strongly; add detail to narrow "
+                               "the query.")
     return QueryRefinement(status="optimal", suggestions=[], message="The top results match the query well.")
 
 
-def retrieve_candidates(c, query: str, names: list[str], *, mode: str = "hybrid", n: int = 60,
-                        document_context: str | None = None, timings: dict[str, float] | None = None) -> list[Candidate]:
-    """Candidates from the collections `names`, best first, before capping and reranking."""
-    s = c.settings
-    timings = timings if timings is not None else {}
-    cols = {name: open_collection(c, name) for name in names}
-    lists: dict[str, list[Candidate]] = {}
-    if mode in ("semantic", "hybrid"):
-        t = time.perf_counter()
-        qvec = c.embedder.embed_query(query)
-        if document_context and document_context.strip():
-            ctx = c.embedder.embed_query(document_context[: s.max_query_chars * 4])
-            mixed = [q + CONTEXT_WEIGHT * x for q, x in zip(qvec, ctx)]
-            norm = math.sqrt(sum(v * v for v in mixed)) or 1.0
-            qvec = [v / norm for v in mixed]
-        dense = [cand for name in names for cand in _dense(c, name, cols[name], qvec, n)]
-        lists["dense"] = sorted(dense, key=lambda x: x.dense or 0.0, reverse=True)
-        timings["dense"] = (time.perf_counter() - t) * 1000
-    if mode in ("keyword", "hybrid"):
-        t = time.perf_counter()
-        kw = [cand for name in names for cand in _keyword(c, name, cols[name], query, n)]
-        lists["keyword"] = sorted(kw, key=lambda x: x.keyword or 0.0, reverse=True)
-        timings["keyword"] = (time.perf_counter() - t) * 1000
-    return _fuse(lists, {})
-
-
+# -- the service ----------------------------------------------------------------------------------
 def query_knowledge(c, query: str, *, collections: list[str] | None = None, project: str | None = None,
                     top_k: int = 10, document_context: str | None = None, mode: str = "hybrid",
-                    rerank: bool = True) -> QueryResult:
-    """Search collections and return the top_k chunks, reranked by the cross-encoder when it is available."""
+                    rerank: bool = True, filters: dict[str, Any] | None = None, max_tokens: int | None = None,
+                    snippets: bool = False, per_document_cap: int | None = None) -> QueryResult:
+    """Search collections and return the top_k chunks, reranked by the cross-encoder when it is available.
+
+    filters: {field: value or [values]} on content_type, kind, node_type, status, tags/keywords,
+    code_language, document, collection. max_tokens: stop adding hits once their contents would exceed
+    this many (estimated) tokens; the first hit is always returned. snippets: return the ~60-token window
+    of each chunk that best matches the query instead of the whole chunk. per_document_cap: override
+    settings.per_document_cap (0 = no cap).
+    """
+    from research_agent.chunking import estimate_tokens
+
     s = c.settings
     t0 = time.perf_counter()
     query = validate_query(query, s)
     mode = mode or "hybrid"
     if mode not in QUERY_MODES:
         raise QueryError(f"Unknown mode {mode!r}", guidance=f"Use one of: {', '.join(QUERY_MODES)}.")
-    if not isinstance(top_k, int) or not 1 <= top_k <= s.max_top_k:
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= s.max_top_k:
         raise QueryError(f"top_k must be between 1 and {s.max_top_k}", guidance="Pass a smaller --top-k.")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise QueryError("max_tokens must be a positive whole number", guidance="Pass e.g. --max-tokens 2000.")
+    flt = validate_filters(filters)
     c.store.refresh()
     names = resolve_collections(c, collections, project)
+    if "collection" in flt:
+        outside = [str(v) for v in flt["collection"] if v not in names]
+        if outside:
+            raise QueryError(f"The collection filter names collections outside the search scope: {', '.join(outside)}",
+                             guidance=f"Search one of: {', '.join(names)} (or pass them with --collections).")
+        names = [n for n in names if n in flt["collection"]]
     timings: dict[str, float] = {}
-    fused = retrieve_candidates(c, query, names, mode=mode, n=max(s.rerank_candidates, top_k) * 2,
-                                document_context=document_context, timings=timings)
-    fused = cap_per_document(fused, s.per_document_cap)
+    cap = s.per_document_cap if per_document_cap is None else per_document_cap
+    n_rerank = max(int(s.rerank_candidates), top_k)
+    n = max(int(knob(s, "retrieval_candidates")), n_rerank, top_k * max(cap, 1))
+    fused = retrieve_candidates(c, query, names, mode=mode, n=n, document_context=document_context,
+                                timings=timings, filters=flt)
+    fused = cap_per_document(fused, cap)
     warnings: list[str] = []
     reranked = False
-    pool = fused[: max(s.rerank_candidates, top_k)] if rerank and s.rerank else fused[:top_k]
-    if rerank and s.rerank and pool:
+    use_rerank = bool(rerank and s.rerank)
+    pool = fused[:n_rerank] if use_rerank else fused[:top_k]
+    if use_rerank and pool:
         t = time.perf_counter()
         scores = c.reranker.score(query, [cand.text for cand in pool])
         timings["rerank"] = (time.perf_counter() - t) * 1000
@@ -245,21 +545,31 @@ def query_knowledge(c, query: str, *, collections: list[str] | None = None, proj
                 cand.rerank = sc
             pool.sort(key=lambda x: x.rerank or 0.0, reverse=True)
             reranked = True
-    hits = []
+    hits: list[QueryHit] = []
+    used_tokens = 0
+    truncated = False
     for cand in pool[:top_k]:
         if cand.rerank is not None:
             score = cand.rerank
-        elif cand.dense is not None:
+        elif cand.dense is not None and mode != "keyword":
             score = max(0.0, min(1.0, cand.dense))
         else:
             score = _keyword_relevance(cand.keyword or 0.0)
+        text = snippet(cand.text, query, int(knob(s, "snippet_tokens"))) if snippets else cand.text
+        tokens = estimate_tokens(text)
+        if max_tokens is not None and hits and used_tokens + tokens > max_tokens:
+            truncated = True
+            break
+        used_tokens += tokens
         meta = dict(cand.metadata)
-        meta.update(chunk_id=cand.id, retrieval={k: v for k, v in (("dense", cand.dense), ("keyword", cand.keyword),
-                                                                   ("rerank", cand.rerank)) if v is not None})
-        hits.append(QueryHit(content=cand.text, relevance_score=round(score, 4),
+        meta.update(chunk_id=cand.id, retrieval={k: round(v, 4) for k, v in (
+            ("dense", cand.dense), ("keyword", cand.keyword), ("fused", cand.fused), ("rerank", cand.rerank))
+            if v is not None}, ranks=dict(cand.ranks), returned_tokens=tokens, snippet=bool(snippets and text != cand.text))
+        hits.append(QueryHit(content=text, relevance_score=round(score, 4),
                              relevance_label=relevance_label(score, s),
                              source_document=meta.get("source_document", ""),
                              header_path=meta.get("header_path", ""), metadata=meta))
     timings["total"] = (time.perf_counter() - t0) * 1000
     return QueryResult(query=query, mode=mode, collections=names, reranked=reranked, warnings=warnings, results=hits,
-                       query_refinement=refine(query, hits, s), timings_ms={k: round(v, 1) for k, v in timings.items()})
+                       query_refinement=refine(query, hits, s), timings_ms={k: round(v, 1) for k, v in timings.items()},
+                       filters=flt, total_tokens=used_tokens, truncated_by_budget=truncated)

@@ -56,26 +56,54 @@ class Reranker:
         if self.backend == "flagembedding":
             from FlagEmbedding import FlagReranker
 
-            return FlagReranker(target, use_fp16=False, devices=self._settings.device)
+            model = FlagReranker(target, use_fp16=False, devices=self._settings.device)
+            labels = getattr(getattr(model.model, "config", None), "num_labels", 1)
+            if labels != 1:
+                # FlagReranker flattens the logits of every pair into one list, mixing up 2-label models.
+                raise ValueError(f"the flagembedding backend needs a one-logit model ({labels} labels); "
+                                 "use reranker_backend=sentence-transformers")
+            return model
         from sentence_transformers import CrossEncoder
 
         return CrossEncoder(target, device=self._settings.device)
 
-    def raw_scores(self, query: str, passages: list[str]) -> list[float]:
+    def raw_scores(self, query: str, passages: list[str]) -> Any:
+        """The model's logits: one per passage, or a row of logits per passage for multi-label models."""
         pairs = [(query, p) for p in passages]
+        batch = int(getattr(self._settings, "rerank_batch_size", 32))
         if self.backend == "flagembedding":
-            scores = self._model.compute_score(pairs, batch_size=32, normalize=False)
+            scores = self._model.compute_score(pairs, batch_size=batch, normalize=False)
             return [float(s) for s in (scores if isinstance(scores, list) else [scores])]
         import torch
 
-        out = self._model.predict(pairs, batch_size=32, activation_fn=torch.nn.Identity(), show_progress_bar=False)
-        return [float(s) for s in out]
+        out = self._model.predict(pairs, batch_size=batch, activation_fn=torch.nn.Identity(), show_progress_bar=False)
+        return out.tolist() if hasattr(out, "tolist") else list(out)
 
     def score(self, query: str, passages: list[str]) -> list[float] | None:
-        """Relevance in 0..1 for each passage (sigmoid of the logit), or None if unavailable."""
+        """Relevance in 0..1 for each passage, or None if unavailable.
+
+        One-logit models (ms-marco cross-encoders, BGE rerankers): the sigmoid of the logit. Two-logit
+        models (not relevant, relevant): the softmax probability of the second class. Either way the
+        label thresholds mean the same across models and backends.
+        """
         if not passages or not self.load():
             return None
-        return [_sigmoid(s) for s in self.raw_scores(query, passages)]
+        return normalise_scores(self.raw_scores(query, passages))
+
+
+def normalise_scores(raw: Any) -> list[float]:
+    out = []
+    for row in raw:
+        if isinstance(row, (list, tuple)):
+            if len(row) == 1:
+                out.append(_sigmoid(float(row[0])))
+            else:  # softmax, probability of the last ("relevant") class
+                hi = max(row)
+                exps = [math.exp(float(v) - hi) for v in row]
+                out.append(exps[-1] / sum(exps))
+        else:
+            out.append(_sigmoid(float(row)))
+    return out
 
 
 def get_reranker(settings: Settings) -> Reranker:

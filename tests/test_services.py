@@ -180,7 +180,7 @@ def test_unloadable_embedding_model_is_a_fast_config_error(container, monkeypatc
 
     monkeypatch.setattr(container.settings, "embedding_model", "no-such-org/no-such-model")
     started = time.perf_counter()
-    with pytest.raises(ConfigError, match="Cannot load embedding model"):
+    with pytest.raises(ConfigError, match="no-such-org/no-such-model"):
         container.embedder
     assert time.perf_counter() - started < 20
 

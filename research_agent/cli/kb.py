@@ -1,0 +1,122 @@
+"""`research-agent kb ...`: put documents and research into a collection, list and remove them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from research_agent.cli import render
+from research_agent.cli.state import get_state
+
+app = typer.Typer(help="Add, list, remove and reindex the documents in a collection.", no_args_is_help=True)
+
+COLLECTION = typer.Option(..., "--collection", help="Target collection.")
+
+
+@app.command("add-document")
+def add_document(ctx: typer.Context, path: Path = typer.Argument(..., metavar="PATH", help="File to ingest."),
+                 collection: str = COLLECTION,
+                 title: Optional[str] = typer.Option(None, "--title", help="Title (default: from the document).")) -> None:
+    """Ingest one file (unchanged files are skipped)."""
+    from research_agent.ingest import ingest_path
+
+    if path.is_dir():
+        raise typer.BadParameter(f"{path} is a folder; use `kb add-folder`", param_hint="'PATH'")
+    state = get_state(ctx)
+    with render.ingest_progress(state) as progress:
+        report = ingest_path(state.container(), path, collection, title=title, progress=progress)
+    render.emit(state, report, render.ingest_report)
+
+
+@app.command("add-folder")
+def add_folder(ctx: typer.Context, path: Path = typer.Argument(..., metavar="PATH", help="Folder to ingest."),
+               collection: str = COLLECTION,
+               recursive: bool = typer.Option(True, "--recursive/--no-recursive", help="Descend into subfolders."),
+               include: list[str] = typer.Option([], "--include", metavar="GLOB",
+                                                 help="Only files matching this glob (repeatable)."),
+               exclude: list[str] = typer.Option([], "--exclude", metavar="GLOB",
+                                                 help="Skip files matching this glob (repeatable)."),
+               prune: bool = typer.Option(False, "--prune", help="Remove documents whose files are gone from the folder."),
+               strict: bool = typer.Option(False, "--strict", help="Fail (exit 5) if any file is skipped or fails.")) -> None:
+    """Ingest a folder: new and changed files are (re)indexed, unchanged ones skipped."""
+    from research_agent.ingest import ingest_path
+
+    if path.is_file():
+        raise typer.BadParameter(f"{path} is a file; use `kb add-document`", param_hint="'PATH'")
+    state = get_state(ctx)
+    with render.ingest_progress(state) as progress:
+        report = ingest_path(state.container(), path, collection, recursive=recursive, include=include,
+                             exclude=exclude, prune=prune, strict=strict, progress=progress)
+    render.emit(state, report, render.ingest_report)
+
+
+def _research_text(content: str | None, file: Path | None, stdin: str | None) -> str:
+    """Exactly one of --content, --file F and `-` (stdin; also `--file -`)."""
+    from research_agent.errors import DocumentError
+
+    given = [x for x in (content, file, stdin) if x is not None]
+    if len(given) != 1:
+        raise typer.BadParameter("pass exactly one of --content TEXT, --file F or - (stdin)")
+    if stdin is not None and stdin != "-":
+        raise typer.BadParameter(f"unexpected argument {stdin!r}; only - (read stdin) is accepted",
+                                 param_hint="'-'")
+    if stdin is not None or str(file) == "-":
+        return sys.stdin.read()
+    if file is not None:
+        try:
+            return file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DocumentError(f"Cannot read {file}: {getattr(exc, 'strerror', None) or exc}",
+                                guidance="Pass a readable UTF-8 text file to --file.", path=str(file)) from None
+    return content  # type: ignore[return-value]
+
+
+@app.command("add-research")
+def add_research(ctx: typer.Context,
+                 stdin: Optional[str] = typer.Argument(None, metavar="-", help="Read the content from stdin.",
+                                                       show_default=False),
+                 collection: str = COLLECTION,
+                 source: str = typer.Option(..., "--source", help="Where it came from: URL or citation."),
+                 title: Optional[str] = typer.Option(None, "--title", help="Title (default: first heading or source)."),
+                 content: Optional[str] = typer.Option(None, "--content", help="The research text (Markdown)."),
+                 file: Optional[Path] = typer.Option(None, "--file", help="Read the research text from this file.")) -> None:
+    """Store research findings (Markdown) with their source."""
+    from research_agent.augment import add_research as add
+
+    state = get_state(ctx)
+    text = _research_text(content, file, stdin)
+    render.emit(state, add(state.container(), collection, text, source, title=title), render.augment_result)
+
+
+@app.command("list-documents")
+def list_documents(ctx: typer.Context, collection: str = COLLECTION) -> None:
+    """List the documents in a collection."""
+    from research_agent.ingest import list_documents as list_docs
+
+    state = get_state(ctx)
+    render.emit(state, list_docs(state.container(), collection), render.document_list)
+
+
+@app.command("remove-document")
+def remove_document(ctx: typer.Context,
+                    document: str = typer.Argument(..., metavar="DOC", help="Document name (see list-documents) or file path."),
+                    collection: str = COLLECTION) -> None:
+    """Remove a document and its chunks from a collection."""
+    from research_agent.ingest import remove_document as remove
+
+    state = get_state(ctx)
+    render.emit(state, remove(state.container(), collection, document), render.deleted)
+
+
+@app.command("reindex")
+def reindex(ctx: typer.Context, collection: str = COLLECTION) -> None:
+    """Re-embed every chunk with the configured embedding model (after changing it)."""
+    from research_agent.ingest import reindex_collection
+
+    state = get_state(ctx)
+    with render.ingest_progress(state) as progress:
+        report = reindex_collection(state.container(), collection, progress=progress)
+    render.emit(state, report, render.ingest_report)

@@ -1,0 +1,208 @@
+"""Output: `--json` writes the result model as one JSON object on stdout; otherwise rich tables for people.
+
+Errors and progress go to stderr so stdout stays parseable in both modes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from research_agent.cli.state import CliState
+
+
+def stdout() -> Console:
+    # A fresh Console per call picks up sys.stdout as it is now (CliRunner swaps it).
+    return Console(highlight=False, soft_wrap=False)
+
+
+def stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def emit(state: CliState, result: Any, human: Callable[[Console, Any], None]) -> None:
+    """The single output path: the model's JSON shape for scripts, `human(console, result)` for people."""
+    if state.json:
+        typer.echo(json.dumps(result.model_dump(mode="json")))
+    else:
+        human(stdout(), result)
+
+
+def error(state: CliState, err: Any) -> None:
+    """A ResearchAgentError on stderr: one JSON line under --json, a red message and guidance otherwise."""
+    if state.json:
+        sys.stderr.write(json.dumps({"error": err.to_dict()}) + "\n")
+        sys.stderr.flush()
+        return
+    console = stderr()
+    console.print(f"[bold red]Error:[/bold red] {escape(err.message)}")
+    guidance = err.data.get("guidance")
+    if guidance:
+        console.print(f"[dim]{escape(str(guidance))}[/dim]")
+
+
+def confirm(state: CliState, question: str, yes: bool) -> None:
+    """Ask before destroying data; without a terminal under --json, refuse rather than block or guess."""
+    if yes:
+        return
+    if state.json and not sys.stdin.isatty():
+        raise typer.BadParameter("refusing to delete without confirmation; pass --yes", param_hint="'--yes'")
+    # The prompt goes to stderr so it never mixes into --json output.
+    typer.confirm(question, abort=True, err=True)
+
+
+@contextmanager
+def ingest_progress(state: CliState) -> Iterator[Callable[[Any], None] | None]:
+    """A progress callback for ingest_path/reindex_collection on a terminal; None under --json, -q or a pipe."""
+    console = stderr()
+    if state.json or state.quiet or not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("[dim]{task.fields[current]}"), console=console, transient=True) as bar:
+        files = bar.add_task("files", total=None, current="")
+        chunks = bar.add_task("chunks", total=None, current="")
+
+        def update(p: Any) -> None:
+            bar.update(files, completed=p.files_done, total=p.files_total or None, current=p.current[-50:])
+            bar.update(chunks, completed=p.chunks_done, total=p.chunks_total or None, current=p.stage)
+
+        yield update
+
+
+# -- human renderers: one per result model ------------------------------------------------------
+
+def _fields(console: Console, title: str, rows: list[tuple[str, Any]]) -> None:
+    table = Table(title=title, show_header=False, title_justify="left", title_style="bold")
+    table.add_column(style="cyan", no_wrap=True)
+    table.add_column()
+    for key, value in rows:
+        if isinstance(value, list):
+            value = ", ".join(map(str, value)) or "-"
+        table.add_row(key, escape("-" if value is None or value == "" else str(value)))
+    console.print(table)
+
+
+def collection_info(console: Console, info: Any) -> None:
+    _fields(console, f"Collection {info.name}", [
+        ("type", info.type), ("description", info.description), ("projects", info.projects),
+        ("documents", info.document_count), ("chunks", info.chunk_count),
+        ("embedding model", info.embedding_model), ("dimension", info.embedding_dimension),
+        ("created", info.created_at)])
+
+
+def collection_list(console: Console, result: Any) -> None:
+    if not result.collections:
+        console.print("No collections. Create one with `research-agent collections create NAME`.")
+        return
+    table = Table("name", "type", "docs", "chunks", "projects", "description")
+    for col in result.collections:
+        table.add_row(escape(col.name), col.type, str(col.document_count), str(col.chunk_count),
+                      escape(", ".join(col.projects)), escape(col.description))
+    console.print(table)
+
+
+def deleted(console: Console, result: Any) -> None:
+    extra = f" ({result.chunks_removed} chunks removed)" if result.chunks_removed else ""
+    console.print(f"Deleted {result.kind} [bold]{escape(result.deleted)}[/bold]{extra}.")
+
+
+def project_info(console: Console, info: Any) -> None:
+    _fields(console, f"Project {info.name}", [
+        ("description", info.description), ("collections", info.collections),
+        ("default collections", info.default_collections), ("created", info.created_at)])
+
+
+def project_list(console: Console, result: Any) -> None:
+    if not result.projects:
+        console.print("No projects. Create one with `research-agent projects create NAME`.")
+        return
+    table = Table("name", "collections", "defaults", "description")
+    for p in result.projects:
+        table.add_row(escape(p.name), escape(", ".join(p.collections)), escape(", ".join(p.default_collections)),
+                      escape(p.description))
+    console.print(table)
+
+
+def ingest_report(console: Console, r: Any) -> None:
+    console.print(f"[bold]{escape(r.collection)}[/bold]: {r.added} added, {r.updated} updated, "
+                  f"{r.unchanged} unchanged, {r.removed} removed; {r.chunks_written} chunks written "
+                  f"from {r.files_seen} files in {r.seconds:.1f} s.")
+    for label, style, problems in (("skipped", "yellow", r.skipped), ("failed", "red", r.failed)):
+        if problems:
+            table = Table("path", "reason", title=f"{len(problems)} {label}", title_justify="left",
+                          title_style=style)
+            for p in problems:
+                table.add_row(escape(p.path), escape(p.reason))
+            console.print(table)
+
+
+def document_list(console: Console, result: Any) -> None:
+    if not result.documents:
+        console.print(f"No documents in {escape(result.collection)}.")
+        return
+    table = Table(title=result.collection, title_justify="left", title_style="bold")
+    # Document names are what `kb remove-document` takes: wrap them, never cut them.
+    table.add_column("document", overflow="fold")
+    for name in ("title", "kind", "chunks", "updated"):
+        table.add_column(name)
+    for d in result.documents:
+        table.add_row(escape(d.document), escape(d.title), d.kind, str(d.chunk_count),
+                      (d.updated_at or "")[:16].replace("T", " "))
+    console.print(table)
+
+
+def augment_result(console: Console, r: Any) -> None:
+    verb = {"added": "Added", "updated": "Updated"}.get(r.status, "Already stored:")
+    console.print(f"{verb} [bold]{escape(r.title)}[/bold] in {escape(r.collection)} as {escape(r.document)} "
+                  f"({r.chunks_written} chunks written).")
+
+
+def _snippet(text: str, limit: int = 240) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def query_result(console: Console, r: Any) -> None:
+    for warning in r.warnings:
+        console.print(f"[yellow]Warning:[/yellow] {escape(warning)}")
+    if not r.reranked and not r.warnings:
+        console.print("[yellow]Warning:[/yellow] results are not reranked (retrieval order).")
+    if not r.results:
+        console.print(f"No results in {escape(', '.join(r.collections))}.")
+    for rank, hit in enumerate(r.results, start=1):
+        console.print(f"[bold]{rank}.[/bold] [green]{hit.relevance_score:.3f}[/green] {escape(hit.relevance_label)}  "
+                      f"[cyan]{escape(hit.source_document)}[/cyan]"
+                      + (f"  [dim]{escape(hit.header_path)}[/dim]" if hit.header_path else ""))
+        console.print(f"   {escape(_snippet(hit.content))}")
+    refinement = r.query_refinement
+    style = "dim" if refinement.status == "optimal" else "yellow"
+    console.print(f"[{style}]{escape(refinement.message)}[/{style}]")
+    for suggestion in refinement.suggestions:
+        console.print(f"[{style}]  - {escape(suggestion)}[/{style}]")
+
+
+def status_report(console: Console, s: Any) -> None:
+    if s.reranker_available is None:
+        reranker = "not loaded yet (use --check-reranker to try it)"
+    elif s.reranker_available:
+        reranker = "available"
+    else:
+        reranker = f"UNAVAILABLE: {s.reranker_error} (queries are not reranked)"
+    store = s.store_location + ("" if s.store_reachable else f"  UNREACHABLE: {s.store_error}")
+    _fields(console, f"research-agent {s.version}", [
+        ("store", f"{s.store_kind}: {store}"),
+        ("embedding model", f"{s.embedding_model} ({s.embedding_backend}, {'loaded' if s.embedding_loaded else 'not loaded'})"),
+        ("reranker model", f"{s.reranker_model} ({s.reranker_backend})"),
+        ("reranker", reranker), ("device", s.device),
+        ("collections", s.collections), ("documents", s.documents), ("chunks", s.chunks), ("projects", s.projects)])

@@ -1,0 +1,22 @@
+"""`research-agent serve`: the same MCP server as `python mcp_server.py`."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import typer
+
+from research_agent.cli.state import get_state
+
+
+def serve(ctx: typer.Context,
+          transport: Optional[Literal["stdio", "http"]] = typer.Option(
+              None, "--transport", help="stdio for an editor or agent, http for the network (default from settings: stdio)."),
+          host: Optional[str] = typer.Option(None, "--host", help="HTTP bind address (default from settings: 127.0.0.1)."),
+          port: Optional[int] = typer.Option(None, "--port", help="HTTP port (default from settings: 8765).")) -> None:
+    """Run the MCP server (stdio by default)."""
+    import mcp_server
+
+    state = get_state(ctx)
+    mcp_server.run(transport=transport, host=host, port=port, config_file=state.config_file,
+                   settings_overrides={k: v for k, v in state.overrides().items() if v is not None})

@@ -1,0 +1,63 @@
+"""What the global options put in ctx.obj, and the container built from them on first use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+@dataclass
+class CliState:
+    json: bool = False
+    config_file: Path | None = None
+    store: Path | None = None
+    chroma_host: str | None = None
+    chroma_port: int | None = None
+    verbose: int = 0
+    quiet: bool = False
+    _container: Any = field(default=None, repr=False)
+
+    @property
+    def log_level(self) -> str | None:
+        """-q: errors only; -v: INFO; -vv: DEBUG; neither: whatever the settings say."""
+        if self.quiet:
+            return "ERROR"
+        if self.verbose:
+            return "DEBUG" if self.verbose > 1 else "INFO"
+        return None
+
+    def overrides(self) -> dict[str, Any]:
+        """The global flags as Settings overrides (None = not given, so lower layers decide)."""
+        return {"store": self.store, "chroma_host": self.chroma_host, "chroma_port": self.chroma_port,
+                "log_level": self.log_level}
+
+    def container(self) -> Any:
+        # Built on first use so `--help` and usage errors never load settings or the store.
+        if self._container is None:
+            from research_agent.container import build_container
+
+            self._container = build_container(self.config_file, **self.overrides())
+        return self._container
+
+    def close(self) -> None:
+        if self._container is not None:
+            self._container.close()
+            self._container = None
+
+
+def get_state(ctx: typer.Context) -> CliState:
+    """The root context's state (a default one when a command runs without the callback, e.g. in docs)."""
+    root = ctx.find_root()
+    if not isinstance(root.obj, CliState):
+        root.obj = CliState()
+    return root.obj
+
+
+def split_names(value: str | None) -> list[str] | None:
+    """`a,b, c` -> ["a", "b", "c"]; None stays None."""
+    if value is None:
+        return None
+    return [part.strip() for part in value.split(",") if part.strip()]

@@ -1,0 +1,18 @@
+"""`research-agent status`"""
+
+from __future__ import annotations
+
+import typer
+
+from research_agent.cli import render
+from research_agent.cli.state import get_state
+
+
+def status(ctx: typer.Context,
+           check_reranker: bool = typer.Option(False, "--check-reranker",
+                                               help="Load the reranker to report whether it works (slow).")) -> None:
+    """Show the store, the models and what the knowledge base holds."""
+    from research_agent.status import get_status
+
+    state = get_state(ctx)
+    render.emit(state, get_status(state.container(), check_reranker=check_reranker), render.status_report)

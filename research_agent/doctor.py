@@ -1,0 +1,100 @@
+"""Doctor: check the store for what an interrupted write can leave behind, and repair it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from research_agent.ingest import chunk_ids, document_key, recover_interrupted
+
+_PAGE = 5000
+
+
+class CollectionCheck(BaseModel):
+    collection: str
+    documents: int
+    chunks: int
+    orphan_chunks: int
+    incomplete_documents: list[str]
+
+
+class DoctorReport(BaseModel):
+    healthy: bool
+    repaired: bool
+    collections: list[CollectionCheck]
+    leftovers: list[str]
+    actions: list[str]
+
+
+def _chunk_versions(col: Any) -> dict[str, tuple[str, str]]:
+    out: dict[str, tuple[str, str]] = {}
+    offset = 0
+    while True:
+        res = col.get(include=["metadatas"], limit=_PAGE, offset=offset)
+        for cid, meta in zip(res["ids"], res["metadatas"]):
+            out[cid] = (meta.get("source_document", ""), meta.get("content_hash", ""))
+        if len(res["ids"]) < _PAGE:
+            return out
+        offset += _PAGE
+
+
+def _check_collection(c, col: Any, repair: bool, actions: list[str]) -> CollectionCheck:
+    name = col.name
+    if repair:
+        with c.store.write_lock():
+            if recover_interrupted(c, name, col):
+                actions.append(f"{name}: undid an interrupted write")
+    manifests = c.store.registry_find("document", name)
+    expected = {cid for m in manifests.values()
+                for cid in chunk_ids(name, m["document"], m["content_hash"], int(m["chunk_count"]))}
+    present = _chunk_versions(col)
+    orphans = [cid for cid in present if cid not in expected]
+    incomplete = sorted(key for key, m in manifests.items()
+                        if any(cid not in present for cid in chunk_ids(name, m["document"], m["content_hash"],
+                                                                       int(m["chunk_count"]))))
+    if repair and (orphans or incomplete):
+        with c.store.write_lock():
+            for start in range(0, len(orphans), 1000):
+                col.delete(ids=orphans[start:start + 1000])
+            # A manifest whose chunks are gone is dropped, so the next ingest adds the file again.
+            c.store.registry_delete(incomplete)
+            c.store.bump_revision(name)
+        actions.append(f"{name}: removed {len(orphans)} orphan chunks, {len(incomplete)} incomplete documents "
+                       "(re-ingest them)")
+    return CollectionCheck(collection=name, documents=len(manifests), chunks=len(present),
+                           orphan_chunks=len(orphans), incomplete_documents=[manifests[k]["document"] for k in incomplete])
+
+
+def run_doctor(c, repair: bool = False) -> DoctorReport:
+    """Find orphan chunks, incomplete documents and leftovers of an interrupted reindex; fix them with repair."""
+    c.store.refresh()
+    actions: list[str] = []
+    client = c.store.client
+    names = [col.name for col in client.list_collections()]
+    leftovers = [n for n in names if n.startswith(("research-agent-tmp-", "research-agent-old-"))]
+    if repair:
+        with c.store.write_lock():
+            for n in leftovers:
+                original = n.split("-", 4)[-1] if n.startswith("research-agent-old-") else None
+                if original and original not in names:
+                    client.get_collection(n, embedding_function=None).modify(name=original)
+                    actions.append(f"restored {original} from an interrupted reindex")
+                else:
+                    client.delete_collection(n)
+                    actions.append(f"deleted leftover {n}")
+    checks = [_check_collection(c, col, repair, actions) for col in c.store.list_collections()]
+    known = {ch.collection for ch in checks}
+    stray = [k for k, m in c.store.registry_find("document").items() if m.get("collection") not in known]
+    if stray:
+        if repair:
+            with c.store.write_lock():
+                c.store.registry_delete(stray)
+            actions.append(f"removed {len(stray)} records of deleted collections")
+        leftovers.append(f"{len(stray)} document records of deleted collections")
+    healthy = not leftovers and all(not ch.orphan_chunks and not ch.incomplete_documents for ch in checks)
+    return DoctorReport(healthy=healthy or (repair and True), repaired=repair, collections=checks,
+                        leftovers=leftovers, actions=actions)
+
+
+__all__ = ["run_doctor", "DoctorReport", "document_key"]
