@@ -52,3 +52,45 @@ def add_research(c, collection: str, content: str, source: str, title: str | Non
     written = write_documents(c, collection, [doc])
     return AugmentResult(collection=collection, document=document, title=doc_title, source=source, kind=kind,
                          chunks_written=written, status="added")
+
+
+def add_note(c, collection: str, content: str, title: str, source: str | None = None) -> AugmentResult:
+    """A note is a research document of kind `note` with a stable id that update_note replaces in place."""
+    import uuid
+
+    if not isinstance(title, str) or not title.strip():
+        raise DocumentError("A note needs a title", guidance="Pass --title.")
+    document = f"note:{uuid.uuid4().hex[:12]}"
+    return _write_note(c, collection, document, content, title.strip(), source or document, status="added")
+
+
+def update_note(c, collection: str, document: str, content: str, title: str | None = None) -> AugmentResult:
+    """Replace a note's content (and title) in place; queries never see both versions."""
+    from research_agent.ingest import find_document
+
+    c.store.refresh()
+    found = next(iter(find_document(c, collection, document).values()))
+    if found.get("kind") != "note":
+        raise DocumentError(f"{document!r} is a {found.get('kind')}, not a note",
+                            guidance="Only notes are updated in place; re-ingest files with kb add-document.")
+    return _write_note(c, collection, found["document"], content, title or found["title"], found["source"],
+                       status="updated")
+
+
+def _write_note(c, collection: str, document: str, content: str, title: str, source: str, status: str) -> AugmentResult:
+    from research_agent.chunking import chunk_document
+    from research_agent.parsing import parse_text
+
+    if not isinstance(content, str) or not content.strip():
+        raise DocumentError("The note is empty", guidance="Pass --content TEXT, --file F or text on stdin.")
+    if len(content) > MAX_RESEARCH_CHARS:
+        raise DocumentError(f"The note has {len(content)} characters; the limit is {MAX_RESEARCH_CHARS}")
+    c.store.refresh()
+    open_collection(c, collection)
+    chunks = chunk_document(parse_text(content, format="markdown", name=title), source=document,
+                            max_tokens=c.settings.chunk_max_tokens)
+    doc = PreparedDocument(document=document, title=title, kind="note", source=source,
+                           content_hash=content_hash(f"{title}\n{content}"), chunks=chunks, extra={"added_at": now_iso()})
+    written = write_documents(c, collection, [doc])
+    return AugmentResult(collection=collection, document=document, title=title, source=source, kind="note",
+                         chunks_written=written, status=status)

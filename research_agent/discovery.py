@@ -211,9 +211,12 @@ class Node:
     eff_status: str | None = None
     eff_last_checked: str | None = None
     own_tokens: int = 0
+    explicit_title: str | None = None  # a `- title:` bullet, once ingest stores it as node_title
 
     @property
     def title(self) -> str:
+        if self.explicit_title:
+            return self.explicit_title
         if self.header_path:
             return self.header_path.rsplit(" > ", 1)[-1]
         return self.document_title or self.source_document
@@ -336,7 +339,9 @@ def _build_index(c, collection: str, col: Any) -> NodeIndex:
                 anchor=meta.get("anchor", ""), type=meta.get("node_type"), status=meta.get("status"),
                 parent_id=meta.get("parent_id"), blocked_by=list(meta.get("blocked_by") or []),
                 last_checked=meta.get("last_checked"), labels=list(meta.get("labels") or []),
-                description=meta.get("description", "") if not meta.get("header_path") else "",
+                description=meta.get("node_description")
+                or (meta.get("description", "") if not meta.get("header_path") else ""),
+                explicit_title=meta.get("node_title"),
             )
             order.append(nid)
             documents.setdefault(source, []).append(nid)

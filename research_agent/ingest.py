@@ -452,6 +452,32 @@ def find_document(c, collection: str, document: str) -> dict[str, dict[str, Any]
     return found
 
 
+class DocumentContent(BaseModel):
+    collection: str
+    document: str
+    title: str
+    kind: str
+    source: str
+    path: str | None = None
+    updated_at: str
+    content: str
+    chunk_count: int
+
+
+def get_document(c, collection: str, document: str) -> DocumentContent:
+    """A document's full text, reassembled from its chunks in order (by document id or file path)."""
+    c.store.refresh()
+    manifest = next(iter(find_document(c, collection, document).values()))
+    col = open_collection(c, collection, check_model=False)
+    ids = chunk_ids(collection, manifest["document"], manifest["content_hash"], int(manifest["chunk_count"]))
+    got = col.get(ids=ids, include=["documents"])
+    by_id = dict(zip(got["ids"], got["documents"]))
+    return DocumentContent(collection=collection, document=manifest["document"], title=manifest["title"],
+                           kind=manifest["kind"], source=manifest["source"], path=manifest.get("path"),
+                           updated_at=manifest["updated_at"], chunk_count=len(ids),
+                           content="\n\n".join(by_id[i] for i in ids if i in by_id))
+
+
 def remove_document(c, collection: str, document: str) -> Deleted:
     c.store.refresh()
     found = find_document(c, collection, document)

@@ -5,10 +5,12 @@ index per collection, keyed by (store, Chroma collection id) and stamped with th
 revision from the store registry. Every write (any process, embedded or server) bumps that revision,
 and the next search rebuilds the index from the active chunks, so it never serves stale text.
 
-Ranking: one BM25 index per field (content; title = document title + header path; keywords =
-front-matter keywords/tags), combined as a weighted sum of the per-field scores (content 1.0,
-title 2.0, keywords 3.0 by default). Each field keeps its own length normalisation (none for keywords),
-unlike boosting by repeating the title inside the content, which inflates every chunk's length.
+Ranking: BM25 (bm25s defaults k1=1.5, b=0.75) over one text per chunk: the content, the title
+(document title + header path) repeated `title_weight` times and the front-matter keywords/tags repeated
+`keywords_weight` times (the ACDC spec's boosts: content 1, title 2, keywords 3). Repetition is BM25F with
+integer field weights: a field's term frequencies count w times. Measured on SciFact it beat per-field
+BM25 indexes summed with the same weights (nDCG@10 0.687 vs 0.633; the short title field saturates and
+then dominates), see benchmarks/README.md.
 Tokens: lowercased words of 2+ characters, the Lucene English stop words, Snowball English stems.
 
 Typo tolerance: a query word whose stem is in no field's vocabulary is replaced by the corpus words
@@ -25,10 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 _PAGE = 5000
-#: Field weights (the ACDC spec's boosts).
-CONTENT_WEIGHT = 1.0
-TITLE_WEIGHT = 2.0
-KEYWORD_WEIGHT = 3.0
+#: Field weights as repetition counts (the ACDC spec's boosts; content counts once).
+TITLE_WEIGHT = 2
+KEYWORD_WEIGHT = 3
 #: Corrections per misspelt query word, and the shortest word we try to correct (short words have too
 #: many neighbours within one edit to guess which was meant).
 MAX_CORRECTIONS = 3
@@ -74,52 +75,41 @@ def edits1(word: str) -> set[str]:
     return set(deletes + transposes + replaces + inserts)
 
 
-def field_texts(chunk: Chunk) -> tuple[str, str, str]:
+def index_text(chunk: Chunk, weights: tuple[int, int]) -> str:
+    """The text BM25 sees: content, title x weights[0], keywords x weights[1]."""
     meta = chunk.metadata
-    title = f"{meta.get('document_title', '')} {meta.get('header_path', '')}"
+    title = f"{meta.get('document_title', '')} {meta.get('header_path', '')}".strip()
     kw = meta.get("keywords") or []
     keywords = " ".join(str(k) for k in (kw if isinstance(kw, list) else [kw]))
-    return chunk.text, title, keywords
+    return " ".join([chunk.text] + [title] * weights[0] + [keywords] * weights[1])
 
 
 class KeywordIndex:
-    """BM25 with per-field weights, stemming, stop words and one-edit typo tolerance over one collection's chunks."""
+    """BM25 with field weights, stemming, stop words and one-edit typo tolerance over one collection's chunks."""
 
-    def __init__(self, chunks: list[Chunk], weights: tuple[float, float, float] | None = None) -> None:
+    def __init__(self, chunks: list[Chunk], weights: tuple[int, int] | None = None) -> None:
         import bm25s
         import numpy as np
 
         self.chunks = chunks
         self.position = {ch.id: i for i, ch in enumerate(chunks)}
-        self.weights = weights or (CONTENT_WEIGHT, TITLE_WEIGHT, KEYWORD_WEIGHT)
+        self.weights = tuple(max(0, int(w)) for w in (weights or (TITLE_WEIGHT, KEYWORD_WEIGHT)))
         self._stem_cache: dict[str, str] = {}
         self.stemmer = _stemmer()
-        self.fields: list[Any] = []
+        self.retriever: Any = None
         self.word_freq: dict[str, int] = {}   # surface word -> number of chunks containing it
         self.stem_of: dict[str, str] = {}
-        self._columns: dict[str, list[Any]] = {}
         self._np = np
         if not chunks:
             return
-        per_field = list(zip(*(field_texts(ch) for ch in chunks)))
-        tokenized = [[words(t) for t in texts] for texts in per_field]
-        vocab: set[str] = set()
-        for docs in tokenized:
-            for doc in docs:
-                for w in set(doc):
-                    self.word_freq[w] = self.word_freq.get(w, 0) + 1
-                vocab.update(doc)
-        surface = sorted(vocab)
+        tokenized = [words(index_text(ch, self.weights)) for ch in chunks]
+        for doc in tokenized:
+            for w in set(doc):
+                self.word_freq[w] = self.word_freq.get(w, 0) + 1
+        surface = sorted(self.word_freq)
         self.stem_of = dict(zip(surface, self.stemmer.stemWords(surface)))
-        for n, (docs, weight) in enumerate(zip(tokenized, self.weights)):
-            if weight <= 0 or not any(docs):
-                self.fields.append(None)
-                continue
-            # Keywords are a set of tags, mostly absent: length normalisation against an average
-            # dragged down by empty fields would punish every chunk that has them (b=0 turns it off).
-            retriever = bm25s.BM25(b=0.0) if n == 2 else bm25s.BM25()
-            retriever.index([[self.stem_of[w] for w in doc] for doc in docs], show_progress=False)
-            self.fields.append(retriever)
+        self.retriever = bm25s.BM25()
+        self.retriever.index([[self.stem_of[w] for w in doc] for doc in tokenized], show_progress=False)
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -131,7 +121,7 @@ class KeywordIndex:
         return s
 
     def _known(self, stem: str) -> bool:
-        return any(f is not None and stem in f.vocab_dict for f in self.fields)
+        return stem in self.retriever.vocab_dict
 
     def corrections(self, word: str) -> list[str]:
         """Corpus words one edit from `word`, most frequent first (empty for short words)."""
@@ -143,7 +133,7 @@ class KeywordIndex:
 
     def query_terms(self, query: str) -> list[str]:
         """The query's stems that the index knows, misspelt words replaced by their corrections."""
-        if not self.fields:
+        if self.retriever is None:
             return []
         terms: list[str] = []
         for word in words(query):
@@ -155,22 +145,11 @@ class KeywordIndex:
         return list(dict.fromkeys(terms))
 
     def scores(self, terms: list[str]) -> Any:
-        """The weighted BM25 score of every chunk (a numpy array in chunk order)."""
-        np = self._np
-        total = np.zeros(len(self.chunks), dtype="float32")
-        for retriever, weight in zip(self.fields, self.weights):
-            if retriever is None or weight <= 0:
-                continue
-            ids = [retriever.vocab_dict[t] for t in terms if t in retriever.vocab_dict]
-            if ids:
-                total += weight * retriever.get_scores_from_ids(ids)
-        return total
-
-    def column(self, key: str) -> list[Any]:
-        col = self._columns.get(key)
-        if col is None:
-            col = self._columns[key] = [ch.metadata.get(key) for ch in self.chunks]
-        return col
+        """The BM25 score of every chunk (a numpy array in chunk order)."""
+        ids = [self.retriever.vocab_dict[t] for t in terms if t in self.retriever.vocab_dict]
+        if not ids:
+            return self._np.zeros(len(self.chunks), dtype="float32")
+        return self.retriever.get_scores_from_ids(ids)
 
     def mask(self, predicate: Callable[[dict[str, Any]], bool] | None) -> Any:
         if predicate is None:
@@ -218,10 +197,9 @@ def active_chunks(c, collection: str, col: Any) -> list[Chunk]:
         offset += _PAGE
 
 
-def field_weights(settings: Any) -> tuple[float, float, float]:
-    return (float(getattr(settings, "keyword_content_weight", CONTENT_WEIGHT)),
-            float(getattr(settings, "keyword_title_weight", TITLE_WEIGHT)),
-            float(getattr(settings, "keyword_keywords_weight", KEYWORD_WEIGHT)))
+def field_weights(settings: Any) -> tuple[int, int]:
+    return (int(getattr(settings, "keyword_title_weight", TITLE_WEIGHT)),
+            int(getattr(settings, "keyword_keywords_weight", KEYWORD_WEIGHT)))
 
 
 def keyword_index(c, collection: str, col: Any) -> KeywordIndex:

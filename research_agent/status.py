@@ -34,11 +34,21 @@ def get_status(c, check_reranker: bool = False) -> StatusReport:
     rr = c.reranker
     if check_reranker:
         rr.load()
+    available, error = rr.available, rr.error
+    if available is None:
+        # Cheap: a hub model that is not cached while offline is known to fail without loading anything.
+        from research_agent.embeddings import resolve_model
+        from research_agent.errors import ConfigError
+
+        try:
+            resolve_model(s.reranker_model, s)
+        except ConfigError as exc:
+            available, error = False, exc.message
     report = StatusReport(
         version=__version__, store_kind=c.store.kind, store_location=c.store.location, store_reachable=True,
         embedding_model=s.embedding_model, embedding_backend=s.embedding_backend, embedding_loaded=c.embedder_loaded,
         reranker_model=s.reranker_model, reranker_backend=s.reranker_backend, reranker_loaded=rr.loaded,
-        reranker_available=rr.available, reranker_error=rr.error, device=s.device,
+        reranker_available=available, reranker_error=error, device=s.device,
     )
     try:
         c.store.refresh()

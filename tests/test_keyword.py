@@ -34,9 +34,14 @@ def test_field_weights_rank_keywords_over_title_over_content():
         chunk("none", FILLER, title="Plants"),
     ])
     assert ranked(index, "zebra") == ["keywords", "title", "content"]
-    # The weights are the knob: content-only weighting finds only the content match.
-    content_only = KeywordIndex(index.chunks, weights=(1.0, 0.0, 0.0))
+    # The weights are the knob: with title and keywords weighted 0 only the content match is found.
+    content_only = KeywordIndex(index.chunks, weights=(0, 0))
     assert ranked(content_only, "zebra") == ["content"]
+    # Keywords weighted 3 count three times: a chunk with the word in its keywords beats one with it
+    # twice in a content of the same length.
+    twice = KeywordIndex([chunk("content2", f"zebra zebra {FILLER}"), chunk("kw", f"{FILLER} lorem", keywords=["zebra"]),
+                          chunk("none", FILLER)])
+    assert ranked(twice, "zebra") == ["kw", "content2"]
 
 
 def test_stemming_and_stop_words():

@@ -120,3 +120,68 @@ def reindex(ctx: typer.Context, collection: str = COLLECTION) -> None:
     with render.ingest_progress(state) as progress:
         report = reindex_collection(state.container(), collection, progress=progress)
     render.emit(state, report, render.ingest_report)
+
+
+@app.command("add-note")
+def add_note(ctx: typer.Context,
+             stdin: Optional[str] = typer.Argument(None, metavar="-", help="Read the content from stdin.",
+                                                   show_default=False),
+             collection: str = COLLECTION,
+             title: str = typer.Option(..., "--title", help="The note's title."),
+             source: Optional[str] = typer.Option(None, "--source", help="Where it came from (default: the note id)."),
+             content: Optional[str] = typer.Option(None, "--content", help="The note text (Markdown)."),
+             file: Optional[Path] = typer.Option(None, "--file", help="Read the note text from this file.")) -> None:
+    """Add a note; `kb update-note` replaces it in place later."""
+    from research_agent.augment import add_note as add
+
+    state = get_state(ctx)
+    text = _research_text(content, file, stdin)
+    render.emit(state, add(state.container(), collection, text, title, source=source), render.augment_result)
+
+
+@app.command("update-note")
+def update_note(ctx: typer.Context,
+                document: str = typer.Argument(..., metavar="DOC", help="The note id (see add-note or list-documents)."),
+                stdin: Optional[str] = typer.Argument(None, metavar="-", help="Read the content from stdin.",
+                                                      show_default=False),
+                collection: str = COLLECTION,
+                title: Optional[str] = typer.Option(None, "--title", help="New title (default: keep)."),
+                content: Optional[str] = typer.Option(None, "--content", help="The new note text (Markdown)."),
+                file: Optional[Path] = typer.Option(None, "--file", help="Read the new text from this file.")) -> None:
+    """Replace a note's content in place."""
+    from research_agent.augment import update_note as update
+
+    state = get_state(ctx)
+    text = _research_text(content, file, stdin)
+    render.emit(state, update(state.container(), collection, document, text, title=title), render.augment_result)
+
+
+@app.command("get")
+def get(ctx: typer.Context,
+        document: str = typer.Argument(..., metavar="DOC", help="Document id (see list-documents) or file path."),
+        collection: str = COLLECTION) -> None:
+    """Print a document's full text, reassembled from its chunks."""
+    from research_agent.ingest import get_document
+
+    state = get_state(ctx)
+    render.emit(state, get_document(state.container(), collection, document), render.document_content)
+
+
+@app.command("watch")
+def watch(ctx: typer.Context, path: Path = typer.Argument(..., metavar="PATH", help="Folder to keep in sync."),
+          collection: str = COLLECTION,
+          recursive: bool = typer.Option(True, "--recursive/--no-recursive", help="Descend into subfolders."),
+          include: list[str] = typer.Option([], "--include", metavar="GLOB", help="Only files matching this glob."),
+          exclude: list[str] = typer.Option([], "--exclude", metavar="GLOB", help="Skip files matching this glob."),
+          debounce: float = typer.Option(1.0, "--debounce", help="Seconds of quiet before a sync.")) -> None:
+    """Keep a collection in sync with a folder until Ctrl-C (created, changed and deleted files)."""
+    from research_agent.watch import watch_folder
+
+    if not path.is_dir():
+        raise typer.BadParameter(f"{path} is not a folder", param_hint="'PATH'")
+    state = get_state(ctx)
+    try:
+        watch_folder(state.container(), path, collection, recursive=recursive, include=include, exclude=exclude,
+                     debounce=debounce, on_sync=lambda report: render.emit(state, report, render.ingest_report))
+    except KeyboardInterrupt:
+        render.stderr().print("stopped watching")

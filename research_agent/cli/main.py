@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperGroup
 
-from research_agent.cli import collections, kb, projects, query, serve, status
+from research_agent.cli import collections, doctor, kb, projects, query, serve, status
 from research_agent.cli.state import CliState, get_state
 
 log = logging.getLogger("research_agent.cli")
@@ -77,4 +77,5 @@ app.add_typer(projects.app, name="projects")
 app.add_typer(kb.app, name="kb")
 app.command("query")(query.query)
 app.command("status")(status.status)
+app.command("doctor")(doctor.doctor)
 app.command("serve")(serve.serve)

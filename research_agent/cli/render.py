@@ -206,3 +206,23 @@ def status_report(console: Console, s: Any) -> None:
         ("reranker model", f"{s.reranker_model} ({s.reranker_backend})"),
         ("reranker", reranker), ("device", s.device),
         ("collections", s.collections), ("documents", s.documents), ("chunks", s.chunks), ("projects", s.projects)])
+
+
+def doctor_report(console: Console, r: Any) -> None:
+    table = Table(title="Store check", title_justify="left", title_style="bold")
+    for col in ("collection", "documents", "chunks", "orphan chunks", "incomplete documents"):
+        table.add_column(col)
+    for ch in r.collections:
+        table.add_row(escape(ch.collection), str(ch.documents), str(ch.chunks), str(ch.orphan_chunks),
+                      escape(", ".join(ch.incomplete_documents) or "-"))
+    console.print(table)
+    for item in r.leftovers:
+        console.print(f"[yellow]leftover: {escape(item)}[/yellow]")
+    for action in r.actions:
+        console.print(f"[green]repaired: {escape(action)}[/green]")
+    console.print("[green]healthy[/green]" if r.healthy else "[red]problems found: run `research-agent doctor --repair`[/red]")
+
+
+def document_content(console: Console, d: Any) -> None:
+    console.print(f"[bold]{escape(d.title)}[/bold]  [dim]{escape(d.document)} ({d.kind}, {escape(d.source)})[/dim]")
+    console.print(d.content, highlight=False, markup=False)

@@ -1,0 +1,20 @@
+"""`research-agent doctor`"""
+
+from __future__ import annotations
+
+import typer
+
+from research_agent.cli import render
+from research_agent.cli.state import get_state
+
+
+def doctor(ctx: typer.Context,
+           repair: bool = typer.Option(False, "--repair", help="Fix what the check finds (orphans, leftovers).")) -> None:
+    """Check the store for what an interrupted write left behind; --repair fixes it."""
+    from research_agent.doctor import run_doctor
+
+    state = get_state(ctx)
+    report = run_doctor(state.container(), repair=repair)
+    render.emit(state, report, render.doctor_report)
+    if not report.healthy:
+        raise typer.Exit(1)

@@ -1,0 +1,42 @@
+"""Recent query history, kept in the store's registry (so a Chroma server shares it) and bounded."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from research_agent.collections import now_iso
+
+RECORD = "history"
+#: Oldest entries beyond this many are dropped on the next write.
+MAX_ENTRIES = 200
+_QUERY_CHARS = 500
+
+
+def record_query(c, query: str, collections: list[str] | None, n_results: int, *, mode: str | None = None,
+                 source: str = "mcp") -> None:
+    """Append one query to the history and drop the oldest entries beyond MAX_ENTRIES.
+
+    Takes the store's write lock (embedded stores serialize writers across processes), so callers on a
+    latency-sensitive path should run it off that path.
+    """
+    # Zero-padded nanoseconds sort in time order; the suffix keeps two records in one tick apart.
+    rid = f"history:{time.time_ns():020d}-{uuid.uuid4().hex[:6]}"
+    entry = {"query": str(query)[:_QUERY_CHARS], "collections": list(collections or []), "n_results": int(n_results),
+             "mode": mode, "source": source, "at": now_iso()}
+    with c.store.write_lock():
+        c.store.registry_put({rid: entry}, RECORD)
+        ids = sorted(c.store.registry_find(RECORD))
+        if len(ids) > MAX_ENTRIES:
+            c.store.registry_delete(ids[:len(ids) - MAX_ENTRIES])
+
+
+def recent_queries(c, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest `limit` queries, newest first."""
+    c.store.refresh()
+    records = c.store.registry_find(RECORD)
+    return [records[rid] for rid in sorted(records, reverse=True)[:max(0, int(limit))]]
+
+
+__all__ = ["MAX_ENTRIES", "record_query", "recent_queries"]
