@@ -2,42 +2,51 @@
 
 Run it with `python mcp_server.py`, `python -m mcp_server` or `research-agent serve`; all three call `run()`.
 Stdout belongs to JSON-RPC: nothing here prints, logs go to stderr, and heavy libraries (torch, chromadb)
-load on the first tool call that needs them, so the handshake stays fast.
+load after the handshake (a background warm-up) or on the first tool call that needs them.
+See docs/mcp.md for transports, auth, resources, prompts, limits and error codes.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import sys
 import threading
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastmcp import Context, FastMCP
+from fastmcp.server.middleware import Middleware, MiddlewareContext
+from fastmcp.tools import ToolResult
 from pydantic import Field
 
 from research_agent import __version__
 from research_agent.config import Settings, load_settings
 from research_agent.container import Container, build_container, configure_logging
 from research_agent.errors import ResearchAgentError
-from research_agent.mcp_errors import ErrorMappingMiddleware, ToolFailure, invalid_params, to_tool_failure
+from research_agent.mcp_errors import (ErrorMappingMiddleware, ToolFailure, call_timeout, invalid_params,
+                                       to_tool_failure)
 
 log = logging.getLogger("research_agent.mcp")
-T = TypeVar("T")
 
 INSTRUCTIONS = """\
 research-agent is a local knowledge base of collections of chunked documents (Markdown, code, PDFs, research
 notes). Typical flow: manage_collections(action="list") to see what exists; query_knowledge_base to search;
 ingest_documents to add files; augment_knowledge to save research you found. Errors are JSON-RPC errors with
-data.type and data.guidance: -32001 config, -32002 collection, -32003 document, -32004 query."""
+data.type and data.guidance: -32602 invalid arguments, -32001 config, -32002 collection, -32003 document,
+-32004 query, -32005 time limit exceeded."""
 
-WARMUP_DELAY = 2.0  # seconds after start-up
+#: Seconds after `initialize` before the models warm up when the client never lists tools.
+WARMUP_DELAY = 1.0
 
 # Keep model libraries' progress bars and advisory warnings off every stream; they would go to stderr,
 # but a quiet stderr is what MCP clients show users as the server log.
@@ -48,33 +57,178 @@ _QUIET_ENV = {
     "TQDM_DISABLE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+_OBJECT_SCHEMA = {"type": "object", "additionalProperties": True}
 
 
-# -- server plumbing ------------------------------------------------------------------------------
+class CallCancelled(Exception):
+    """Raised inside a worker thread at its next progress report once the client cancelled the call."""
+
+
+# -- per-run server state -------------------------------------------------------------------------
+class Warmup:
+    """Loads the store client, the embedding model and the reranker once, in a background thread, after the
+    handshake.
+
+    Tool calls wait for a running warm-up before they start (`wait`): the loaders in embeddings.py and
+    rerank.py take a lock and cache per process, so nothing loads twice anyway, but two threads importing
+    numpy-based packages at the same moment can fail with "partially initialized module" ImportErrors.
+    """
+
+    def __init__(self, container: Container, enabled: bool) -> None:
+        self.container = container
+        self.enabled = enabled
+        self.state = "pending" if enabled else "off"  # pending | running | done | failed | off
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self.thread: threading.Thread | None = None
+        self._done = threading.Event()
+        if not enabled:
+            self._done.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        """Block until the warm-up has finished; start it now if its timer has not fired yet."""
+        if not self._done.is_set():
+            self.start()
+            self._done.wait()
+
+    def schedule(self, delay: float) -> None:
+        with self._lock:
+            if self.enabled and self.thread is None and self._timer is None:
+                self._timer = threading.Timer(delay, self.start)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def start(self) -> None:
+        with self._lock:
+            if not self.enabled or self.thread is not None:
+                return
+            self.thread = threading.Thread(target=self._run, name="model-warmup", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        self.state = "running"
+        try:
+            self.container.store.client  # noqa: B018 - chromadb and numpy imports first
+            self.container.embedder  # noqa: B018 - loading is the point
+            if self.container.settings.rerank:
+                self.container.reranker.load()  # an unavailable reranker is reported by status and queries
+            self.state = "done"
+            log.info("warm-up done: embedding model %s", self.container.settings.embedding_model)
+        except Exception as exc:  # the tool that needs the model reports the error properly
+            self.state, self.error = "failed", str(exc)
+            log.warning("warm-up failed: %s", exc)
+        finally:
+            self._done.set()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+
+
+class ServerState:
+    """Built by the lifespan, once per server run: container, limits, warm-up, running jobs, history writer."""
+
+    def __init__(self, container: Container) -> None:
+        s = container.settings
+        self.container = container
+        self.limiter = anyio.CapacityLimiter(max(1, int(s.max_concurrent_calls)))
+        self.call_timeout = float(s.call_timeout)
+        self.warmup = Warmup(container, bool(s.warmup))
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self._history = ThreadPoolExecutor(max_workers=1, thread_name_prefix="query-history")
+        self._last_history: Future[Any] | None = None
+
+    def record_query(self, result: dict[str, Any]) -> None:
+        """Append to the query history off the response path (it takes the store's write lock)."""
+        from research_agent.history import record_query
+
+        def write() -> None:
+            try:
+                record_query(self.container, result.get("query", ""), result.get("collections"),
+                             len(result.get("results", [])), mode=result.get("mode"))
+            except Exception as exc:
+                log.debug("query history not recorded: %s", exc)
+
+        self._last_history = self._history.submit(write)
+
+    def flush_history(self, timeout: float = 30.0) -> None:
+        if self._last_history is not None:
+            try:
+                self._last_history.result(timeout=timeout)
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        self.warmup.cancel()
+        self._history.shutdown(wait=True)
+        self.container.close()
+
+
+def _state(ctx: Context) -> ServerState:
+    return ctx.lifespan_context["state"]
+
+
 def _container(ctx: Context) -> Container:
-    return ctx.lifespan_context["container"]
+    return _state(ctx).container
 
 
-async def _call(ctx: Context, tool: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> dict[str, Any]:
-    """Run a synchronous service call in a worker thread (the event loop keeps answering) and dump it."""
-    limiter = ctx.lifespan_context.get("limiter")
+def _dump(result: Any) -> dict[str, Any]:
+    return result.model_dump(mode="json") if hasattr(result, "model_dump") else result
+
+
+async def _run(ctx: Context, tool: str, fn: Callable[..., Any], *args: Any, timed: bool = False,
+               job: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Run a synchronous service call in a worker thread under the server's limits and return its dict.
+
+    timed: reads are bounded by call_timeout (the abandoned thread finishes in the background, writing
+    nothing); writes are not, since cutting one off midway is worse than waiting for it.
+    job: a long write (ingest, reindex): listed by get_status while it runs, reports MCP progress, and stops
+    at its next file when the client cancels the request.
+    """
+    state = _state(ctx)
+    if not state.warmup.finished:  # not counted toward the time limit: it happens once per process
+        await anyio.to_thread.run_sync(state.warmup.wait)
+    limit = state.call_timeout if timed and state.call_timeout > 0 else math.inf
     try:
-        result = await anyio.to_thread.run_sync(partial(fn, *args, **kwargs), limiter=limiter)
+        with anyio.move_on_after(limit) as scope:
+            async with state.limiter:  # waiting for a free slot counts toward the time limit
+                if job is None:
+                    result = await anyio.to_thread.run_sync(partial(fn, *args, **kwargs), abandon_on_cancel=timed)
+                else:
+                    result = await _run_job(ctx, state, tool, job, fn, *args, **kwargs)
+        if scope.cancelled_caught:
+            raise ToolFailure(call_timeout(tool, limit))
+    except (ToolFailure, anyio.get_cancelled_exc_class()):
+        raise
     except Exception as exc:
         raise to_tool_failure(exc, tool) from exc
-    return result.model_dump(mode="json")
+    return _dump(result)
 
 
-async def _call_with_progress(ctx: Context, tool: str, fn: Callable[..., T], *args: Any,
-                              **kwargs: Any) -> dict[str, Any]:
-    """Like `_call`, passing `progress=` to the service and forwarding its reports as MCP progress.
+async def _run_job(ctx: Context, state: ServerState, tool: str, job: dict[str, Any], fn: Callable[..., Any],
+                   *args: Any, **kwargs: Any) -> Any:
+    """`fn(..., progress=...)` in a worker thread; its reports become MCP progress notifications.
 
-    The worker thread only drops reports into a stream; a task on the event loop sends them, coalescing
-    bursts to the latest report, so a slow client never slows ingestion down.
+    The worker only drops reports into a stream; a task on the event loop sends them, coalescing bursts to the
+    latest report, so a slow client never slows ingestion down. When the request is cancelled that task sets
+    `cancelled`, and the worker raises CallCancelled at its next report: the batch being written finishes
+    (each is atomic), nothing after it is written.
     """
+    cancelled = threading.Event()
     send, receive = anyio.create_memory_object_stream[Any](max_buffer_size=math.inf)
+    job_id = uuid.uuid4().hex[:12]
+    state.jobs[job_id] = {"id": job_id, "tool": tool, **job, "started_at": time.time(), "progress": None}
 
     def progress(report: Any) -> None:
+        if cancelled.is_set():
+            raise CallCancelled(f"{tool} cancelled by the client")
+        state.jobs[job_id]["progress"] = _dump(report)
         try:
             anyio.from_thread.run_sync(send.send_nowait, report)
         except Exception:  # stream closed or loop gone: progress is best effort
@@ -82,97 +236,229 @@ async def _call_with_progress(ctx: Context, tool: str, fn: Callable[..., T], *ar
 
     async def forward() -> None:
         sent = -1.0
-        async with receive:
-            async for report in receive:
-                while True:
+        try:
+            async with receive:
+                async for report in receive:
+                    while True:
+                        try:
+                            report = receive.receive_nowait()
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                    done, total = float(report.files_done), float(report.files_total or 0)
+                    if done <= sent:
+                        continue  # MCP requires each notification's progress to increase
+                    sent = done
+                    note = f"{report.stage}: {report.files_done}/{report.files_total} files, {report.chunks_done} chunks"
+                    if report.current:
+                        note += f" ({report.current})"
                     try:
-                        report = receive.receive_nowait()
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                done, total = float(report.files_done), float(report.files_total or 0)
-                if done <= sent:
-                    continue  # MCP requires each notification's progress to increase
-                sent = done
-                note = f"{report.stage}: {report.files_done}/{report.files_total} files, {report.chunks_done} chunks"
-                if report.current:
-                    note += f" ({report.current})"
-                try:
-                    await ctx.report_progress(done, total or None, note)
-                except Exception:
-                    log.debug("progress notification failed", exc_info=True)
+                        await ctx.report_progress(done, total or None, note)
+                    except Exception:
+                        log.debug("progress notification failed", exc_info=True)
+        except anyio.get_cancelled_exc_class():
+            cancelled.set()
+            raise
 
     error: Exception | None = None
     result: Any = None
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(forward)
-        try:
-            result = await anyio.to_thread.run_sync(partial(fn, *args, progress=progress, **kwargs),
-                                                    limiter=ctx.lifespan_context.get("limiter"))
-        except Exception as exc:
-            error = exc
-        finally:
-            send.close()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(forward)
+            try:
+                # Not abandoned on cancel: the request ends only when the worker has stopped writing.
+                result = await anyio.to_thread.run_sync(partial(fn, *args, progress=progress, **kwargs))
+            except Exception as exc:
+                error = exc
+            finally:
+                send.close()
+    finally:
+        state.jobs.pop(job_id, None)
     if error is not None:
-        raise to_tool_failure(error, tool) from error
-    return result.model_dump(mode="json")
+        raise error
+    return result
 
 
 def _require(value: Any, name: str, action: str) -> Any:
     if value is None or value == "" or value == []:
-        raise ToolFailure(invalid_params(f"{name} is required for action {action!r}", f"Call again with {name} set."))
+        raise ToolFailure(invalid_params(f"{name} is required for action {action!r}", f"Call again with {name} set.",
+                                         argument=name))
     return value
 
 
-def _warm_up(container: Container) -> None:
-    """Load the embedding model in the background so the first query does not pay for it."""
+# -- Markdown renderings for clients that only show text ---------------------------------------------
+def _cell(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        value = ", ".join(map(str, value))
+    elif isinstance(value, dict):
+        value = json.dumps(value, ensure_ascii=False)
+    return str(value if value is not None else "").replace("|", "\\|").replace("\n", " ")[:120]
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "_none_"
+    columns = columns or [k for k, v in rows[0].items() if not isinstance(v, (dict, list)) or k in ("projects",)]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _bullets(data: dict[str, Any]) -> str:
+    lines = []
+    for key, value in data.items():
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            lines.append(f"- **{key}**:\n\n" + _table(value) + "\n")
+        elif isinstance(value, (list, dict)) and not value:
+            lines.append(f"- **{key}**: none")
+        else:
+            lines.append(f"- **{key}**: {_cell(value)}")
+    return "\n".join(lines)
+
+
+def render_query(data: dict[str, Any]) -> str:
+    hits = data.get("results", [])
+    out = [f"## {len(hits)} result{'s' * (len(hits) != 1)} for “{data.get('query', '')}”"
+           f" ({data.get('mode')}{', reranked' if data.get('reranked') else ''}; "
+           f"collections: {', '.join(data.get('collections', [])) or 'none'})"]
+    out += [f"> ⚠ {w}" for w in data.get("warnings", [])]
+    for i, hit in enumerate(hits, start=1):
+        where = " › ".join(p for p in (hit.get("source_document"), hit.get("header_path")) if p)
+        out.append(f"### {i}. {where}\nrelevance {hit.get('relevance_score', 0):.2f} "
+                   f"({hit.get('relevance_label')})\n\n{hit.get('content', '').strip()}")
+    refinement = data.get("query_refinement") or {}
+    if refinement.get("status") not in (None, "optimal"):
+        out.append(f"**Query refinement ({refinement['status']})**: {refinement.get('message', '')}")
+        out += [f"- {s}" for s in refinement.get("suggestions", [])]
+    return "\n\n".join(out)
+
+
+def render(tool: str, data: dict[str, Any]) -> str:
+    """A Markdown view of a tool's structured result."""
+    if tool == "query_knowledge_base":
+        return render_query(data)
+    for key, title in (("collections", "Collections"), ("projects", "Projects"), ("documents", "Documents")):
+        value = data.get(key)
+        if isinstance(value, list) and (not value or isinstance(value[0], dict)):
+            rest = {k: v for k, v in data.items() if k != key}
+            return f"## {title} ({len(value)})\n\n{_table(value)}" + (f"\n\n{_bullets(rest)}" if rest else "")
+    heading = {"get_status": "research-agent status", "ingest_documents": "Ingest report",
+               "augment_knowledge": "Saved research"}.get(tool, tool.replace("_", " ").capitalize())
+    return f"## {heading}\n\n{_bullets(data)}"
+
+
+def _result(tool: str, data: dict[str, Any]) -> ToolResult:
+    return ToolResult(content=render(tool, data), structured_content=data)
+
+
+# -- resources helpers ----------------------------------------------------------------------------------
+def document_chunks(c: Container, collection: str, document: str) -> dict[str, Any]:
+    """A document's chunks in order, with their header paths and content types."""
+    from research_agent.collections import open_collection
+    from research_agent.ingest import chunk_ids, find_document
+
+    c.store.refresh()
+    col = open_collection(c, collection, check_model=False)
+    manifest = next(iter(find_document(c, collection, document).values()))
+    ids = chunk_ids(collection, manifest["document"], manifest["content_hash"], int(manifest["chunk_count"]))
+    got = col.get(ids=ids, include=["documents", "metadatas"])
+    chunks = sorted(
+        ({"chunk_id": cid, "sequence": int(meta.get("chunk_sequence_id", 0)), "header_path": meta.get("header_path", ""),
+          "content_type": meta.get("content_type", ""), "content": text}
+         for cid, text, meta in zip(got["ids"], got["documents"], got["metadatas"])),
+        key=lambda chunk: chunk["sequence"])
+    return {"collection": collection, "document": manifest["document"], "title": manifest.get("title"),
+            "chunk_count": len(chunks), "chunks": chunks}
+
+
+def _store_health(c: Container) -> tuple[bool, str | None]:
     try:
-        container.embedder  # noqa: B018 - loading is the point
-        log.info("embedding model %s loaded", container.settings.embedding_model)
-    except Exception as exc:  # the tool that needs it will report the error properly
-        log.warning("warm-up failed: %s", exc)
+        c.store.client.heartbeat()
+        return True, None
+    except Exception as exc:
+        from research_agent.errors import as_research_agent_error
+
+        return False, as_research_agent_error(exc).type_name
 
 
+class _LifecycleMiddleware(Middleware):
+    """Starts the model warm-up once the handshake is done, so torch never competes with it."""
+
+    def __init__(self, holder: dict[str, Any]) -> None:
+        self.holder = holder
+
+    async def on_initialize(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+        result = await call_next(context)
+        if self.holder.get("state") is not None:
+            self.holder["state"].warmup.schedule(WARMUP_DELAY)
+        return result
+
+    async def on_list_tools(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+        result = await call_next(context)
+        if self.holder.get("state") is not None:
+            self.holder["state"].warmup.start()
+        return result
+
+
+# -- the server -------------------------------------------------------------------------------------------
 def create_server(settings: Settings | None = None, config_file: Path | str | None = None,
                   **overrides: Any) -> FastMCP:
     """A FastMCP server whose lifespan builds one Container: from `settings`, or from every settings layer
     (read when the server starts, so each start sees the current environment)."""
+    holder: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(server: FastMCP) -> AsyncIterator[dict[str, Any]]:
-        if settings is not None:
-            container = Container(settings)
-        else:
-            container = build_container(config_file, **overrides)
+        container = Container(settings) if settings is not None else build_container(config_file, **overrides)
         log.info("research-agent %s MCP server: store %s", __version__,
                  container.settings.chroma_host or container.settings.store)
-        warmup = None
-        if container.settings.warmup:
-            # Delayed so the torch import does not compete with the client's initialize and tools/list.
-            warmup = threading.Timer(WARMUP_DELAY, _warm_up, args=(container,))
-            warmup.daemon = True
-            warmup.start()
+        state = ServerState(container)
+        holder["state"] = state
         try:
-            yield {"container": container,
-                   "limiter": anyio.CapacityLimiter(max(1, container.settings.max_concurrent_calls))}
+            yield {"container": container, "state": state}
         finally:
-            if warmup is not None:
-                warmup.cancel()
-            container.close()
+            holder.pop("state", None)
+            state.close()
 
     server = FastMCP("research-agent", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan,
-                     middleware=[ErrorMappingMiddleware()])
+                     middleware=[ErrorMappingMiddleware(), _LifecycleMiddleware(holder)])
     _register_tools(server)
+    _register_resources(server)
+    _register_prompts(server)
+
+    @server.custom_route("/health", methods=["GET"])
+    async def health(request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        state = holder.get("state")
+        if state is None or not state.warmup.finished:  # answer at once; the store is checked after warm-up
+            return JSONResponse({"status": "starting", "version": __version__, "store_reachable": None})
+        reachable, error = await anyio.to_thread.run_sync(_store_health, state.container)
+        return JSONResponse({"status": "ok" if reachable else "degraded", "version": __version__,
+                             "store_kind": state.container.store.kind, "store_reachable": reachable,
+                             **({"store_error": error} if error else {})})
+
     return server
 
 
-# -- tools ------------------------------------------------------------------------------------------
 CollectionName = Annotated[str, Field(description="Collection name: 3-512 characters of letters, digits, '.', "
                                                   "'_' or '-', starting and ending with a letter or digit.")]
 
 
+def _tool(mcp: FastMCP, description: str, *, title: str, read_only: bool, destructive: bool,
+          idempotent: bool) -> Callable[[Any], Any]:
+    # Descriptions are passed here instead of docstrings: FastMCP parses docstrings with griffe, whose
+    # import alone adds ~0.2 s to the handshake.
+    return mcp.tool(description=description, output_schema=_OBJECT_SCHEMA, annotations={
+        "title": title, "readOnlyHint": read_only, "destructiveHint": destructive, "idempotentHint": idempotent,
+        "openWorldHint": False})
+
+
 def _register_tools(mcp: FastMCP) -> None:
-    @mcp.tool(annotations={"title": "Search the knowledge base", "readOnlyHint": True, "destructiveHint": False,
-                           "idempotentHint": True, "openWorldHint": False})
+    @_tool(mcp, "Search the knowledge base and return the most relevant chunks with their source document, header "
+                "path and a relevance score (0-1) and label. `query_refinement` says when the query is too broad or "
+                "unclear, with suggestions; `reranked` and `warnings` say how the ranking was done. Read-only; "
+                "bounded by the server's call timeout.",
+           title="Search the knowledge base", read_only=True, destructive=False, idempotent=True)
     async def query_knowledge_base(
         query: Annotated[str, Field(description="What to look for, in natural language or keywords.")],
         ctx: Context,
@@ -180,7 +466,7 @@ def _register_tools(mcp: FastMCP) -> None:
             description="Collections to search. Default: the project's default collections when `project` is "
                         "given, else every collection.")] = None,
         top_k: Annotated[int, Field(description="How many chunks to return (1 to the server's max_top_k, 100 by "
-                                                "default).")] = 10,
+                                                "default).", ge=1)] = 10,
         document_context: Annotated[str | None, Field(
             description="Text of the document or code being worked on; it steers ranking toward related "
                         "chunks.")] = None,
@@ -189,18 +475,19 @@ def _register_tools(mcp: FastMCP) -> None:
             description="hybrid: embeddings and keywords fused (default); semantic: embeddings only; keyword: "
                         "exact terms only (names, error strings).")] = "hybrid",
         rerank: Annotated[bool, Field(description="Rerank with the cross-encoder when it is available.")] = True,
-    ) -> dict[str, Any]:
-        """Search the knowledge base and return the most relevant chunks with their source document, header
-        path and a relevance score (0-1) and label. `query_refinement` says when the query is too broad or
-        unclear, with suggestions; `reranked` and `warnings` say how the ranking was done."""
+    ) -> ToolResult:
         from research_agent.query import query_knowledge
 
-        return await _call(ctx, "query_knowledge_base", query_knowledge, _container(ctx), query,
-                           collections=collections or None, project=project, top_k=top_k,
-                           document_context=document_context, mode=mode, rerank=rerank)
+        data = await _run(ctx, "query_knowledge_base", query_knowledge, _container(ctx), query,
+                          collections=collections or None, project=project, top_k=top_k,
+                          document_context=document_context, mode=mode, rerank=rerank, timed=True)
+        _state(ctx).record_query(data)
+        return _result("query_knowledge_base", data)
 
-    @mcp.tool(annotations={"title": "Manage collections", "readOnlyHint": False, "destructiveHint": True,
-                           "idempotentHint": False, "openWorldHint": False})
+    @_tool(mcp, "Create, list, inspect or delete knowledge collections. Returns the collection's info (create, "
+                "info), {\"collections\": [...]} (list) or {\"deleted\", \"kind\", \"chunks_removed\"} (delete). "
+                "delete removes the collection and all its documents and cannot be undone.",
+           title="Manage collections", read_only=False, destructive=True, idempotent=False)
     async def manage_collections(
         action: Annotated[Literal["create", "list", "info", "delete"], Field(
             description="create: a new empty collection; list: all collections (filter by collection_type, "
@@ -218,26 +505,29 @@ def _register_tools(mcp: FastMCP) -> None:
             description="create: link the new collection to this existing project; list: only collections "
                         "linked to it.")] = None,
         description: Annotated[str | None, Field(description="create: what the collection holds.")] = None,
-    ) -> dict[str, Any]:
-        """Create, list, inspect or delete knowledge collections. Returns the collection's info (create,
-        info), {"collections": [...]} (list) or {"deleted", "kind", "chunks_removed"} (delete)."""
+    ) -> ToolResult:
         from research_agent import collections as svc
 
-        c = _container(ctx)
+        c, tool = _container(ctx), "manage_collections"
         if action == "list":
-            return await _call(ctx, "manage_collections", svc.list_collections, c, type=collection_type,
-                               project=project_name)
+            data = await _run(ctx, tool, svc.list_collections, c, type=collection_type, project=project_name,
+                              timed=True)
+            return _result(tool, data)
         name = _require(collection_name, "collection_name", action)
         if action == "create":
-            return await _call(ctx, "manage_collections", svc.create_collection, c, name,
-                               type=collection_type or "project-specific", description=description or "",
-                               project=project_name)
-        if action == "info":
-            return await _call(ctx, "manage_collections", svc.get_collection_info, c, name)
-        return await _call(ctx, "manage_collections", svc.delete_collection, c, name)
+            data = await _run(ctx, tool, svc.create_collection, c, name, type=collection_type or "project-specific",
+                              description=description or "", project=project_name)
+        elif action == "info":
+            data = await _run(ctx, tool, svc.get_collection_info, c, name, timed=True)
+        else:
+            data = await _run(ctx, tool, svc.delete_collection, c, name)
+        return _result(tool, data)
 
-    @mcp.tool(annotations={"title": "Manage projects", "readOnlyHint": False, "destructiveHint": True,
-                           "idempotentHint": False, "openWorldHint": False})
+    @_tool(mcp, "Create, list, inspect or delete projects, and link collections to them. A project groups the "
+                "collections an agent should search for one codebase. Returns the project's info, "
+                "{\"projects\": [...]} (list) or {\"deleted\", \"kind\"} (delete). Deleting a project keeps its "
+                "collections.",
+           title="Manage projects", read_only=False, destructive=True, idempotent=False)
     async def manage_projects(
         action: Annotated[Literal["create", "list", "info", "delete", "link", "unlink", "set-defaults"], Field(
             description="create/info/delete: one project; list: all projects; link/unlink: add or remove "
@@ -248,29 +538,31 @@ def _register_tools(mcp: FastMCP) -> None:
         collections: Annotated[list[str] | None, Field(
             description="Collection names (required for link, unlink and set-defaults).")] = None,
         description: Annotated[str | None, Field(description="create: what the project is.")] = None,
-    ) -> dict[str, Any]:
-        """Create, list, inspect or delete projects, and link collections to them. A project groups the
-        collections an agent should search for one codebase. Returns the project's info, {"projects": [...]}
-        (list) or {"deleted", "kind"} (delete). Deleting a project keeps its collections."""
+    ) -> ToolResult:
         from research_agent import projects as svc
 
-        c = _container(ctx)
+        c, tool = _container(ctx), "manage_projects"
         if action == "list":
-            return await _call(ctx, "manage_projects", svc.list_projects, c)
+            return _result(tool, await _run(ctx, tool, svc.list_projects, c, timed=True))
         name = _require(project_name, "project_name", action)
         if action == "create":
-            return await _call(ctx, "manage_projects", svc.create_project, c, name, description=description or "")
-        if action == "info":
-            return await _call(ctx, "manage_projects", svc.get_project_info, c, name)
-        if action == "delete":
-            return await _call(ctx, "manage_projects", svc.delete_project, c, name)
-        names = _require(collections, "collections", action)
-        fn = {"link": svc.link_collections, "unlink": svc.unlink_collections,
-              "set-defaults": svc.set_default_collections}[action]
-        return await _call(ctx, "manage_projects", fn, c, name, names)
+            data = await _run(ctx, tool, svc.create_project, c, name, description=description or "")
+        elif action == "info":
+            data = await _run(ctx, tool, svc.get_project_info, c, name, timed=True)
+        elif action == "delete":
+            data = await _run(ctx, tool, svc.delete_project, c, name)
+        else:
+            names = _require(collections, "collections", action)
+            fn = {"link": svc.link_collections, "unlink": svc.unlink_collections,
+                  "set-defaults": svc.set_default_collections}[action]
+            data = await _run(ctx, tool, fn, c, name, names)
+        return _result(tool, data)
 
-    @mcp.tool(annotations={"title": "Ingest files", "readOnlyHint": False, "destructiveHint": True,
-                           "idempotentHint": True, "openWorldHint": False})
+    @_tool(mcp, "Add a file or a folder of files (Markdown, text, code, PDF, ...) to a collection. Unchanged files "
+                "are skipped, changed files replace their old chunks. Reports progress; exempt from the call "
+                "timeout; a cancelled call stops before the next file. Returns counts (added, updated, unchanged, "
+                "removed), skipped and failed files with reasons, and chunks_written.",
+           title="Ingest files", read_only=False, destructive=True, idempotent=True)
     async def ingest_documents(
         path: Annotated[str, Field(description="A file or folder on the server's machine, under its allowed roots "
                                                "(RESEARCH_AGENT_ALLOWED_ROOTS; default: its working directory). "
@@ -287,20 +579,20 @@ def _register_tools(mcp: FastMCP) -> None:
                                                  "folder.")] = False,
         title: Annotated[str | None, Field(description="A single file: its title (default: from the "
                                                        "document).")] = None,
-    ) -> dict[str, Any]:
-        """Add a file or a folder of files (Markdown, text, code, PDF, ...) to a collection. Unchanged files are
-        skipped, changed files replace their old chunks. Reports progress; returns counts (added, updated,
-        unchanged, removed), skipped and failed files with reasons, and chunks_written."""
+    ) -> ToolResult:
         from research_agent.ingest import ingest_path
 
         c = _container(ctx)
-        return await _call_with_progress(ctx, "ingest_documents", ingest_path, c, path, collection,
-                                         recursive=recursive, include=tuple(include or ()),
-                                         exclude=tuple(exclude or ()), prune=prune, title=title,
-                                         allowed_roots=c.settings.resolved_allowed_roots())
+        data = await _run(ctx, "ingest_documents", ingest_path, c, path, collection, recursive=recursive,
+                          include=tuple(include or ()), exclude=tuple(exclude or ()), prune=prune, title=title,
+                          allowed_roots=c.settings.resolved_allowed_roots(),
+                          job={"collection": collection, "path": path})
+        return _result("ingest_documents", data)
 
-    @mcp.tool(annotations={"title": "Save research", "readOnlyHint": False, "destructiveHint": False,
-                           "idempotentHint": True, "openWorldHint": False})
+    @_tool(mcp, "Save research text with its source into a collection so later queries find it. The same content "
+                "from the same source is stored once (status \"unchanged\"). Returns the stored document's key, "
+                "status and chunks_written.",
+           title="Save research", read_only=False, destructive=False, idempotent=True)
     async def augment_knowledge(
         content: Annotated[str, Field(description="The research to keep, as Markdown (findings, summaries, "
                                                   "excerpts).")],
@@ -308,17 +600,17 @@ def _register_tools(mcp: FastMCP) -> None:
         collection: CollectionName,
         ctx: Context,
         title: Annotated[str | None, Field(description="A title (default: the first heading or line).")] = None,
-    ) -> dict[str, Any]:
-        """Save research text with its source into a collection so later queries find it. The same content
-        from the same source is stored once (status "unchanged"). Returns the stored document's key, status and
-        chunks_written."""
+    ) -> ToolResult:
         from research_agent.augment import add_research
 
-        return await _call(ctx, "augment_knowledge", add_research, _container(ctx), collection, content, source,
-                           title=title)
+        data = await _run(ctx, "augment_knowledge", add_research, _container(ctx), collection, content, source,
+                          title=title)
+        return _result("augment_knowledge", data)
 
-    @mcp.tool(annotations={"title": "Manage documents", "readOnlyHint": False, "destructiveHint": True,
-                           "idempotentHint": False, "openWorldHint": False})
+    @_tool(mcp, "List, remove or re-embed the documents of a collection. Returns {\"collection\", \"documents\": "
+                "[...]} (list), {\"deleted\", \"kind\", \"chunks_removed\"} (remove) or an ingest report "
+                "(reindex; reports progress, exempt from the call timeout).",
+           title="Manage documents", read_only=False, destructive=True, idempotent=False)
     async def manage_documents(
         action: Annotated[Literal["list", "remove", "reindex"], Field(
             description="list: the documents in the collection; remove: one document and its chunks; reindex: "
@@ -328,32 +620,139 @@ def _register_tools(mcp: FastMCP) -> None:
         ctx: Context,
         document: Annotated[str | None, Field(
             description="remove: the document key as `list` shows it (or the file's path).")] = None,
-    ) -> dict[str, Any]:
-        """List, remove or re-embed the documents of a collection. Returns {"collection", "documents": [...]}
-        (list), {"deleted", "kind", "chunks_removed"} (remove) or an ingest report (reindex)."""
+    ) -> ToolResult:
         from research_agent import ingest as svc
 
-        c = _container(ctx)
+        c, tool = _container(ctx), "manage_documents"
         if action == "list":
-            return await _call(ctx, "manage_documents", svc.list_documents, c, collection)
-        if action == "remove":
-            return await _call(ctx, "manage_documents", svc.remove_document, c, collection,
-                               _require(document, "document", action))
-        return await _call_with_progress(ctx, "manage_documents", svc.reindex_collection, c, collection)
+            data = await _run(ctx, tool, svc.list_documents, c, collection, timed=True)
+        elif action == "remove":
+            data = await _run(ctx, tool, svc.remove_document, c, collection, _require(document, "document", action))
+        else:
+            data = await _run(ctx, tool, svc.reindex_collection, c, collection,
+                              job={"collection": collection, "path": None})
+        return _result(tool, data)
 
-    @mcp.tool(annotations={"title": "Status", "readOnlyHint": True, "destructiveHint": False,
-                           "idempotentHint": True, "openWorldHint": False})
-    async def get_status(ctx: Context) -> dict[str, Any]:
-        """The server's version, store (embedded path or Chroma server), embedding and reranker models and
-        whether they are loaded or available, and counts of collections, chunks and projects."""
+    @_tool(mcp, "The server's version, store (embedded path or Chroma server) and whether it is reachable, "
+                "embedding and reranker models (names, whether loaded or available), device, counts of "
+                "collections, documents, chunks and projects, the model warm-up state and the ingestion jobs "
+                "running now.",
+           title="Status", read_only=True, destructive=False, idempotent=True)
+    async def get_status(ctx: Context) -> ToolResult:
         from research_agent.status import get_status as status
 
-        return await _call(ctx, "get_status", status, _container(ctx))
+        state = _state(ctx)
+        data = await _run(ctx, "get_status", status, state.container, timed=True)
+        now = time.time()
+        data["running_jobs"] = [{**{k: v for k, v in job.items() if k != "started_at"},
+                                 "seconds": round(now - job["started_at"], 1)} for job in list(state.jobs.values())]
+        data["warmup"] = state.warmup.state
+        data["limits"] = {"max_concurrent_calls": int(state.container.settings.max_concurrent_calls),
+                          "call_timeout": state.call_timeout}
+        return _result("get_status", data)
 
 
-#: The server with settings read from the environment at start-up: for tests (`fastmcp.Client(mcp)`),
-#: `fastmcp run mcp_server.py:mcp` and the MCP inspector.
-mcp = create_server()
+def _register_resources(mcp: FastMCP) -> None:
+    async def read(ctx: Context, what: str, fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+        return await _run(ctx, what, fn, _container(ctx), *args, timed=True)
+
+    @mcp.resource("research://collections", name="collections", mime_type="application/json",
+                  description="Every collection with its type, description, projects and document and chunk counts.")
+    async def collections_resource(ctx: Context) -> dict[str, Any]:
+        from research_agent.collections import list_collections
+
+        return await read(ctx, "resource collections", list_collections)
+
+    @mcp.resource("research://collections/{name}", name="collection", mime_type="application/json",
+                  description="One collection's info: type, description, embedding model, counts, projects.")
+    async def collection_resource(name: str, ctx: Context) -> dict[str, Any]:
+        from research_agent.collections import get_collection_info
+
+        return await read(ctx, "resource collection", get_collection_info, name)
+
+    @mcp.resource("research://collections/{name}/documents", name="collection-documents",
+                  mime_type="application/json", description="The documents of one collection.")
+    async def documents_resource(name: str, ctx: Context) -> dict[str, Any]:
+        from research_agent.ingest import list_documents
+
+        return await read(ctx, "resource documents", list_documents, name)
+
+    @mcp.resource("research://collections/{name}/documents/{document*}", name="document-chunks",
+                  mime_type="application/json",
+                  description="A document's chunks in order (header path, content type, text); `document` is the "
+                              "key that the documents list shows, e.g. notes/setup.md.")
+    async def chunks_resource(name: str, document: str, ctx: Context) -> dict[str, Any]:
+        return await read(ctx, "resource document", document_chunks, name, document)
+
+    @mcp.resource("research://history", name="query-history", mime_type="application/json",
+                  description="The most recent queries (newest first, at most 50 here; the store keeps 200).")
+    async def history_resource(ctx: Context) -> dict[str, Any]:
+        from research_agent.history import recent_queries
+
+        state = _state(ctx)
+        await anyio.to_thread.run_sync(state.flush_history)  # this session's last query is in the list
+        return {"queries": await read(ctx, "resource history", recent_queries, 50)}
+
+
+def _register_prompts(mcp: FastMCP) -> None:
+    @mcp.prompt(name="query_refinement", description="Turn a vague question into precise knowledge-base queries.")
+    async def query_refinement(
+        query: Annotated[str, Field(description="The question or search to improve.")],
+        ctx: Context,
+    ) -> str:
+        names = ""
+        try:
+            from research_agent.collections import list_collections
+
+            listed = await _run(ctx, "prompt query_refinement", list_collections, _container(ctx), timed=True)
+            names = "\n".join(f"- {c['name']} ({c['type']}): {c['description'] or 'no description'}"
+                              for c in listed["collections"])
+        except Exception:  # the prompt still helps without the list
+            pass
+        return (
+            f"Help me search the research-agent knowledge base for:\n\n> {query}\n\n"
+            + (f"Collections available:\n{names}\n\n" if names else "")
+            + "1. Name the concrete concepts, identifiers and error strings in the question; drop filler words.\n"
+            "2. Write two or three focused queries: one in natural language (mode=hybrid), and one with exact "
+            "names or strings (mode=keyword) if there are any.\n"
+            "3. Pick the collections (or project) that fit each query.\n"
+            "4. Call query_knowledge_base for each. If a response's query_refinement.status is not \"optimal\", "
+            "follow its suggestions and query again.\n"
+            "5. Answer from the returned chunks only, citing source_document and header_path; say what was not "
+            "found."
+        )
+
+    @mcp.prompt(name="context_extraction",
+                description="Extract the facts worth keeping from a document, ready to save with augment_knowledge.")
+    async def context_extraction(
+        document: Annotated[str, Field(description="The document's text (or a path or URL the model can read).")],
+    ) -> str:
+        return (
+            "Extract the knowledge worth keeping from the document below, for a knowledge base that coding "
+            "agents search.\n\n"
+            "- Write Markdown with one `##` heading per topic, so each section stands alone when retrieved.\n"
+            "- Keep facts, decisions and their reasons, APIs and signatures, configuration values, limits, error "
+            "messages and their fixes; keep code blocks verbatim.\n"
+            "- Drop greetings, repetition and speculation; mark anything uncertain as such.\n"
+            "- End with a `Source:` line naming where it came from.\n\n"
+            "Then save it with augment_knowledge(content=..., source=..., collection=...).\n\n"
+            f"<document>\n{document}\n</document>"
+        )
+
+
+_default_server: FastMCP | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """`mcp_server.mcp`: a server with settings read from the environment at start-up, for tests
+    (`fastmcp.Client(mcp)`), `fastmcp run mcp_server.py:mcp` and the MCP inspector. Built on first use so
+    `python mcp_server.py` does not register every tool twice."""
+    global _default_server
+    if name == "mcp":
+        if _default_server is None:
+            _default_server = create_server()
+        return _default_server
+    raise AttributeError(name)
 
 
 def run(transport: str | None = None, host: str | None = None, port: int | None = None,
@@ -361,7 +760,7 @@ def run(transport: str | None = None, host: str | None = None, port: int | None 
     """Run the server until the client disconnects (stdio) or the process is stopped (http).
 
     Arguments left None come from the settings (CLI flag > env > .env > config file > defaults).
-    Raises ResearchAgentError (a ConfigError) when the settings are invalid.
+    Raises ResearchAgentError (a ConfigError) when the settings are invalid or would expose the store.
     """
     for key, value in _QUIET_ENV.items():
         os.environ.setdefault(key, value)
@@ -371,22 +770,27 @@ def run(transport: str | None = None, host: str | None = None, port: int | None 
     settings = load_settings(config_file, **{k: v for k, v in overrides.items() if v is not None})
     configure_logging(settings)
     logging.getLogger("fastmcp").setLevel(settings.log_level.upper())
-    server = create_server(settings)
     if settings.transport == "http":
-        # Streamable HTTP at /mcp; auth (settings.auth_type) is added to the FastMCP server in a later issue.
+        from starlette.middleware import Middleware as ASGIMiddleware
+
+        from research_agent.server_auth import AuthMiddleware, check_http_settings
+
+        auth_type, keys = check_http_settings(settings)
+        server = create_server(settings)
+        log.warning("research-agent MCP server on http://%s:%s/mcp (auth: %s)", settings.host, settings.port,
+                    auth_type)
         # log_config=None: uvicorn logs through our stderr logging instead of printing access lines on stdout.
         server.run(transport="http", host=settings.host, port=settings.port, path="/mcp", show_banner=False,
+                   middleware=[ASGIMiddleware(AuthMiddleware, auth_type=auth_type, keys=keys)],
                    uvicorn_config={"log_config": None, "log_level": settings.log_level.lower()})
     else:
-        server.run(transport="stdio", show_banner=False)
+        create_server(settings).run(transport="stdio", show_banner=False)
 
 
 def main() -> None:
     try:
         run()
     except ResearchAgentError as exc:
-        import json
-
         sys.stderr.write(json.dumps({"error": exc.to_dict()}) + "\n")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:

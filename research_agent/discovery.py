@@ -661,11 +661,10 @@ def _reason(s: _Scored) -> str:
         parts.append("content mentions " + ", ".join(f"'{w}'" for w in s.matched_body[:4]))
     if not s.matched_title and (s.dense >= CAL_D0 or not s.matched_body):
         parts.append(f"semantically close (cosine {s.dense:.2f})")
-    location = " > ".join(p for p in (s.node.document_title, s.node.header_path) if p and p != s.node.header_path) \
-        if s.node.header_path else s.node.document_title
-    if s.node.header_path:
-        location = " > ".join(dict.fromkeys(p for p in (s.node.document_title, *s.node.header_path.split(" > ")) if p))
-    parts.append(f"in {location}")
+    # The header path, led by the document title unless the top header repeats it.
+    location = " > ".join(dict.fromkeys(p for p in (s.node.document_title, *s.node.header_path.split(" > ")) if p))
+    if location:
+        parts.append(f"in {location}")
     parts += [label for label, b in s.factors if abs(b - 1.0) > 1e-9]
     return "; ".join(parts)
 

@@ -2,7 +2,9 @@
 
 FastMCP turns every exception raised in a tool (MCPError included) into an `isError` result; only a
 middleware that re-raises `MCPError(code, message, data)` from `on_call_tool` puts a real JSON-RPC
-`error` object on the wire, which is what lets agents branch on the code.
+`error` object on the wire, which is what lets agents branch on the code. The SDK's own complaints
+(unknown tool, arguments that do not match the schema) become -32602 "Invalid params" here too, with a
+message that says what to send instead.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from research_agent.errors import ResearchAgentError, as_research_agent_error
 log = logging.getLogger("research_agent.mcp")
 
 INVALID_PARAMS = -32602
+#: A tool call ran past its time limit (RESEARCH_AGENT_CALL_TIMEOUT); trying again may work.
+CALL_TIMEOUT = -32005
 
 
 class ToolFailure(ToolError):
@@ -31,9 +35,17 @@ class ToolFailure(ToolError):
         self.error = error
 
 
-def invalid_params(message: str, guidance: str) -> MCPError:
+def invalid_params(message: str, guidance: str, **data: Any) -> MCPError:
     """A tool argument missing or wrong for the chosen action: the JSON-RPC 'Invalid params' code."""
-    return MCPError(INVALID_PARAMS, message, {"type": "InvalidParams", "guidance": guidance, "retryable": False})
+    return MCPError(INVALID_PARAMS, message, {"type": "InvalidParams", "guidance": guidance, "retryable": False,
+                                              **data})
+
+
+def call_timeout(tool: str, seconds: float) -> MCPError:
+    return MCPError(CALL_TIMEOUT, f"{tool} did not finish within {seconds:g} s", {
+        "type": "TimeoutError", "retryable": True, "timeout_seconds": seconds,
+        "guidance": "Narrow the request (fewer collections, smaller top_k) or retry; the server's limit is "
+                    "RESEARCH_AGENT_CALL_TIMEOUT."})
 
 
 def to_tool_failure(exc: Exception, tool: str) -> ToolFailure:
@@ -53,35 +65,121 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         current = getattr(current, "error", None) if isinstance(current, ToolFailure) else current.__cause__
 
 
-def to_mcp_error(exc: Exception, tool: str = "?") -> MCPError | None:
-    """The JSON-RPC error for `exc`, or None for the SDK's own errors (unknown tool, invalid arguments)."""
+def describe_arguments(schema: dict[str, Any]) -> str:
+    """'Required: query (string). Optional: top_k (integer), mode (one of hybrid, semantic, keyword).'"""
+    props: dict[str, Any] = schema.get("properties") or {}
+    required = [name for name in schema.get("required") or [] if name in props]
+
+    def kind(spec: dict[str, Any]) -> str:
+        options = spec.get("anyOf") or [spec]
+        enums = [v for o in options for v in o.get("enum", []) if v is not None]
+        if enums:
+            return "one of " + ", ".join(map(str, enums))
+        types = []
+        for o in options:
+            t = o.get("type")
+            if t == "array":
+                t = f"array of {o.get('items', {}).get('type', 'values')}s"
+            if t and t != "null":
+                types.append(t)
+        return " or ".join(types) or "value"
+
+    optional = [name for name in props if name not in required]
+    parts = []
+    if required:
+        parts.append("Required: " + ", ".join(f"{n} ({kind(props[n])})" for n in required) + ".")
+    if optional:
+        parts.append("Optional: " + ", ".join(f"{n} ({kind(props[n])})" for n in optional) + ".")
+    return " ".join(parts) or "This tool takes no arguments."
+
+
+def _validation_problems(exc: BaseException) -> list[dict[str, Any]]:
+    from pydantic import ValidationError as PydanticValidationError
+
+    cause = exc.__cause__
+    if not isinstance(cause, PydanticValidationError):
+        return [{"argument": "", "problem": str(exc)}]
+    problems = []
+    for err in cause.errors(include_url=False):
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("arguments",))
+        problem: dict[str, Any] = {"argument": loc, "problem": err.get("msg", "invalid")}
+        if err.get("type") != "missing" and "input" in err:
+            problem["got"] = repr(err["input"])[:80]
+        problems.append(problem)
+    return problems
+
+
+async def _sdk_error(exc: Exception, context: MiddlewareContext[Any]) -> MCPError | None:
+    """-32602 for FastMCP's unknown-tool and argument-validation errors; None for anything else."""
+    name = getattr(context.message, "name", "?")
+    server = getattr(context.fastmcp_context, "fastmcp", None)
+    if isinstance(exc, NotFoundError):
+        names: list[str] = []
+        if server is not None:
+            try:
+                names = sorted(t.name for t in await server.list_tools())
+            except Exception:  # the hint is a courtesy
+                pass
+        return invalid_params(f"Unknown tool {name!r}", f"Call one of: {', '.join(names)} (see tools/list).",
+                              tool=name, tools=names)
+    if isinstance(exc, ValidationError):
+        problems = _validation_problems(exc)
+        summary = "; ".join(f"{p['argument'] or 'arguments'}: {p['problem']}" + (f" (got {p['got']})" if 'got' in p
+                                                                                 else "") for p in problems)
+        guidance = "Send arguments matching the tool's inputSchema (tools/list)."
+        if server is not None:
+            try:
+                tool = await server.get_tool(name)
+                if tool is not None:
+                    guidance = f"{describe_arguments(tool.parameters)} {guidance}"
+            except Exception:
+                pass
+        return invalid_params(f"Invalid arguments for {name}: {summary}", guidance, tool=name, problems=problems)
+    return None
+
+
+def to_mcp_error(exc: Exception, tool: str = "?") -> MCPError:
+    """The JSON-RPC error for what a tool raised; anything unexpected becomes a sanitized -32000."""
     chain = list(_causes(exc))
     for item in chain:
         if isinstance(item, MCPError):
             return item
         if isinstance(item, ResearchAgentError):
             return MCPError(item.code, item.message, item.data)
-    if isinstance(exc, (ValidationError, NotFoundError)):
-        return None
     root = chain[-1]
-    log.error("Unexpected failure in tool %s", tool, exc_info=root)
+    log.error("Unexpected failure in %s", tool, exc_info=root)
     err = as_research_agent_error(root)
     return MCPError(err.code, err.message, err.data)
 
 
 class ErrorMappingMiddleware(Middleware):
-    """Re-raise tool failures as `MCPError(code, message, data)` so clients get a JSON-RPC error."""
+    """Re-raise failures of tools, resources and prompts as `MCPError(code, message, data)`."""
 
-    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+    async def _map(self, context: MiddlewareContext[Any], call_next: Any, what: str) -> Any:
         try:
             return await call_next(context)
         except MCPError:
             raise
         except Exception as exc:
-            error = to_mcp_error(exc, getattr(context.message, "name", "?"))
-            if error is None:
-                raise
-            raise error from None
+            sdk = await _sdk_error(exc, context) if what == "tool" else None
+            if sdk is not None:
+                raise sdk from None
+            if what != "tool" and isinstance(exc, NotFoundError):
+                target = getattr(context.message, "uri", None) or getattr(context.message, "name", "?")
+                raise invalid_params(f"Unknown {what} {str(target)!r}",
+                                     f"See {what}s/list (and resources/templates/list) for what exists.") from None
+            label = getattr(context.message, "name", None) or getattr(context.message, "uri", "?")
+            raise to_mcp_error(exc, f"{what} {label}") from None
+
+    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+        return await self._map(context, call_next, "tool")
+
+    async def on_read_resource(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+        return await self._map(context, call_next, "resource")
+
+    async def on_get_prompt(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+        return await self._map(context, call_next, "prompt")
 
 
-__all__ = ["ErrorMappingMiddleware", "ToolFailure", "invalid_params", "to_mcp_error", "to_tool_failure"]
+__all__ = ["CALL_TIMEOUT", "INVALID_PARAMS", "ErrorMappingMiddleware", "ToolFailure", "call_timeout",
+           "describe_arguments", "invalid_params", "to_mcp_error", "to_tool_failure"]

@@ -107,8 +107,8 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def chroma_server(tmp_path_factory):
-    """A real `chroma run` server on loopback, for the client/server path."""
+def _chroma_server_process(tmp_path_factory):
+    """One real `chroma run` server on loopback for the session."""
     exe = shutil.which("chroma") or str(Path(os.sys.executable).parent / "chroma")
     if not Path(exe).exists():
         pytest.skip("the `chroma` executable is missing (pip install chromadb provides it)")
@@ -129,3 +129,16 @@ def chroma_server(tmp_path_factory):
     yield {"host": "127.0.0.1", "port": port}
     proc.terminate()
     proc.wait(timeout=10)
+
+
+@pytest.fixture
+def chroma_server(_chroma_server_process):
+    """The real `chroma run` server, emptied after each test so tests cannot see each other's data."""
+    yield _chroma_server_process
+    import chromadb
+    from chromadb.config import Settings as ChromaSettings
+
+    client = chromadb.HttpClient(host=_chroma_server_process["host"], port=_chroma_server_process["port"],
+                                 settings=ChromaSettings(anonymized_telemetry=False))
+    for col in client.list_collections():
+        client.delete_collection(col.name)

@@ -380,3 +380,13 @@ def test_prompts_name_our_tools():
     audit = discovery.knowledge_audit_prompt("Add OAuth login", ["context.architecture.auth", "guidelines.api"])
     assert "context.architecture.auth, guidelines.api" in audit and "`discover_context`" in audit
     assert "(none)" in discovery.knowledge_audit_prompt("x", [])
+
+
+def test_empty_store_and_empty_collection(container, fake_embedder):
+    assert discovery.list_knowledge_bases(container).knowledge_bases == []
+    assert discovery.list_knowledge_resources(container) == []
+    collections.create_collection(container, "empty")
+    res = discovery.discover_context(container, "anything at all here")
+    assert res.recommendations == [] and res.total_available == 0 and "No knowledge relevant" in res.message
+    with pytest.raises(DocumentError):
+        discovery.retrieve_knowledge(container, ["x"])

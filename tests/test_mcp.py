@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from fastmcp import Client
-from fastmcp.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 
 import mcp_server
@@ -239,13 +239,24 @@ async def test_missing_action_argument_is_invalid_params(fake_embedder):
         assert error.code == -32602 and "document" in error.message
 
 
-async def test_sdk_errors_pass_through_unchanged():
-    """Unknown tools and schema violations stay FastMCP's own responses (isError results here)."""
+async def test_unknown_tool_and_bad_arguments_are_invalid_params_that_say_what_to_send():
+    """FastMCP's own unknown-tool and schema errors become JSON-RPC -32602 errors, not isError results."""
     async with Client(mcp_server.mcp) as client:
-        with pytest.raises(ToolError, match="Unknown tool"):
-            await client.call_tool("no_such_tool", {})
-        with pytest.raises(ToolError):
-            await client.call_tool("manage_collections", {"action": "rename"})
+        error = await call_error(client, "no_such_tool")
+        assert error.code == -32602 and "no_such_tool" in error.message
+        assert "query_knowledge_base" in error.data["guidance"]
+
+        error = await call_error(client, "manage_collections", action="rename")  # unknown action
+        assert error.code == -32602 and "action" in error.message and "rename" in error.message
+        assert "create, list, info, delete" in error.data["guidance"]
+
+        error = await call_error(client, "query_knowledge_base", top_k=3)  # missing required argument
+        assert error.code == -32602 and "query" in error.message
+        assert error.data["guidance"].startswith("Required: query (string).")
+
+        error = await call_error(client, "query_knowledge_base", query="x", top_k="many")  # wrong type
+        assert error.code == -32602 and "top_k" in error.message and "'many'" in error.message
+        assert error.data["problems"][0]["argument"] == "top_k"
 
 
 async def test_unexpected_exception_is_sanitized_32000(fake_embedder, monkeypatch, capsys):
@@ -295,3 +306,230 @@ async def test_tools_run_off_the_event_loop(fake_embedder, monkeypatch):
             await anyio.sleep(0.2)
             tg.start_soon(fast_call)
     assert finished == ["list", "status"]
+
+
+# -- surface: text renderings, resources, prompts, status --------------------------------------------------
+async def test_results_carry_structured_content_and_a_markdown_rendering(fake_embedder, _mcp_docs):
+    async with Client(mcp_server.mcp) as client:
+        await call(client, "manage_collections", action="create", collection_name="kb1", description="notes")
+        listed = await client.call_tool("manage_collections", {"action": "list"})
+        assert listed.structured_content["collections"][0]["name"] == "kb1"
+        text = listed.content[0].text
+        assert text.startswith("## Collections (1)") and "| kb1 |" in text
+        await call(client, "ingest_documents", path=str(_mcp_docs), collection="kb1")
+        answer = await client.call_tool("query_knowledge_base", {"query": "retries backoff", "collections": ["kb1"],
+                                                                 "rerank": False})
+        text = answer.content[0].text
+        top = answer.structured_content["results"][0]
+        assert text.startswith("## ") and "### 1. notes/retries.md" in text and top["content"].strip() in text
+
+
+async def test_resources_list_collections_info_chunks_and_query_history(fake_embedder, _mcp_docs):
+    import json
+
+    async with Client(mcp_server.mcp) as client:
+        uris = {str(r.uri) for r in await client.list_resources()}
+        assert {"research://collections", "research://history"} <= uris
+        templates = {t.uri_template for t in await client.list_resource_templates()}
+        assert {"research://collections/{name}", "research://collections/{name}/documents/{document*}"} <= templates
+
+        await call(client, "manage_collections", action="create", collection_name="kb1")
+        await call(client, "ingest_documents", path=str(_mcp_docs), collection="kb1")
+        listed = json.loads((await client.read_resource("research://collections"))[0].text)
+        assert [c["name"] for c in listed["collections"]] == ["kb1"]
+        info = json.loads((await client.read_resource("research://collections/kb1"))[0].text)
+        assert info["document_count"] == 2
+        chunks = json.loads((await client.read_resource("research://collections/kb1/documents/notes/retries.md"))[0].text)
+        assert chunks["document"] == "notes/retries.md" and chunks["chunk_count"] >= 1
+        assert [c["sequence"] for c in chunks["chunks"]] == sorted(c["sequence"] for c in chunks["chunks"])
+        assert "three times" in " ".join(c["content"] for c in chunks["chunks"])
+
+        for q in ("first question about retries", "second question about caching"):
+            await call(client, "query_knowledge_base", query=q, collections=["kb1"], rerank=False)
+        history = json.loads((await client.read_resource("research://history"))[0].text)["queries"]
+        assert [h["query"] for h in history[:2]] == ["second question about caching", "first question about retries"]
+        assert history[0]["collections"] == ["kb1"] and history[0]["n_results"] >= 1
+
+        with pytest.raises(MCPError) as info:
+            await client.read_resource("research://collections/missing")
+        assert info.value.code == -32002
+
+
+def test_history_is_bounded(fake_embedder, container, monkeypatch):
+    from research_agent import history
+
+    monkeypatch.setattr(history, "MAX_ENTRIES", 5)
+    for i in range(8):
+        history.record_query(container, f"q{i}", ["kb"], i)
+    recent = history.recent_queries(container, 100)
+    assert [h["query"] for h in recent] == ["q7", "q6", "q5", "q4", "q3"]
+    assert container.store.registry_find("history").__len__() == 5
+
+
+async def test_prompts_query_refinement_and_context_extraction(fake_embedder):
+    async with Client(mcp_server.mcp) as client:
+        await call(client, "manage_collections", action="create", collection_name="kb1", description="API notes")
+        prompts = {p.name: p for p in await client.list_prompts()}
+        assert {"query_refinement", "context_extraction"} <= set(prompts)
+        assert [a.name for a in prompts["query_refinement"].arguments] == ["query"]
+        got = await client.get_prompt("query_refinement", {"query": "why do uploads fail"})
+        text = got.messages[0].content.text
+        assert "why do uploads fail" in text and "kb1" in text and "query_knowledge_base" in text
+        got = await client.get_prompt("context_extraction", {"document": "# Title\n\nSome fact."})
+        assert "Some fact." in got.messages[0].content.text and "augment_knowledge" in got.messages[0].content.text
+
+
+async def test_status_reports_models_store_counts_limits_and_running_jobs(fake_embedder, _mcp_docs, monkeypatch):
+    import threading
+    import time
+
+    from research_agent import ingest
+
+    started, release = threading.Event(), threading.Event()
+
+    def slow_ingest(c, path, collection, *, progress=None, **kwargs):
+        progress(ingest.IngestProgress(stage="reading", files_done=0, files_total=1, chunks_done=0, chunks_total=0))
+        started.set()
+        assert release.wait(30)
+        return ingest.IngestReport(collection=collection)
+
+    monkeypatch.setattr(ingest, "ingest_path", slow_ingest)
+    async with Client(mcp_server.mcp) as client:
+        await call(client, "manage_collections", action="create", collection_name="kb1")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "ingest_documents", {"path": str(_mcp_docs), "collection": "kb1"})
+            await anyio.to_thread.run_sync(started.wait, 30)
+            status = await call(client, "get_status")
+            release.set()
+        assert [(j["tool"], j["collection"]) for j in status["running_jobs"]] == [("ingest_documents", "kb1")]
+        assert status["running_jobs"][0]["progress"]["stage"] == "reading"
+        for key in ("version", "store_kind", "store_location", "store_reachable", "embedding_model", "embedding_loaded",
+                    "reranker_model", "reranker_loaded", "device", "collections", "chunks", "warmup"):
+            assert key in status, key
+        assert status["limits"] == {"max_concurrent_calls": 10, "call_timeout": 30.0}
+        assert status["warmup"] == "off"  # RESEARCH_AGENT_WARMUP=false in these tests
+        assert (await call(client, "get_status"))["running_jobs"] == []
+        del time
+
+
+# -- limits: timeout, concurrency, cancellation, warm-up -----------------------------------------------------
+async def test_read_calls_past_the_timeout_get_a_coded_error(fake_embedder, monkeypatch):
+    import time
+
+    from research_agent import status
+
+    monkeypatch.setenv("RESEARCH_AGENT_CALL_TIMEOUT", "0.5")
+    monkeypatch.setattr(status, "get_status", lambda c, check_reranker=False: time.sleep(3))
+    async with Client(mcp_server.mcp) as client:
+        started = time.monotonic()
+        error = await call_error(client, "get_status")
+        assert time.monotonic() - started < 2.5  # answered at the limit, not when the work ends
+    assert error.code == -32005 and error.data["type"] == "TimeoutError" and error.data["retryable"] is True
+
+
+async def test_at_most_max_concurrent_calls_run_at_once(fake_embedder, monkeypatch):
+    import threading
+    import time
+
+    from research_agent import status
+
+    monkeypatch.setenv("RESEARCH_AGENT_MAX_CONCURRENT_CALLS", "2")
+    lock, running, peak = threading.Lock(), [0], [0]
+    real = status.get_status
+
+    def tracked(c, check_reranker=False):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.3)
+        with lock:
+            running[0] -= 1
+        return real(c)
+
+    monkeypatch.setattr(status, "get_status", tracked)
+    async with Client(mcp_server.mcp) as client:
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(client.call_tool, "get_status", {})
+    assert peak[0] == 2
+
+
+async def test_a_cancelled_ingest_stops_writing(fake_embedder, _mcp_docs, monkeypatch):
+    import threading
+    import time
+
+    from research_agent import ingest
+
+    written: list[int] = []
+    stopped = threading.Event()
+
+    def long_ingest(c, path, collection, *, progress=None, **kwargs):
+        try:
+            for i in range(200):
+                progress(ingest.IngestProgress(stage="reading", files_done=i, files_total=200, chunks_done=i,
+                                               chunks_total=200))
+                written.append(i)  # stands for a committed batch
+                time.sleep(0.05)
+            return ingest.IngestReport(collection=collection)
+        finally:
+            stopped.set()
+
+    monkeypatch.setattr(ingest, "ingest_path", long_ingest)
+    first_progress = anyio.Event()
+
+    async def on_progress(value, total, message):
+        first_progress.set()
+
+    async with Client(mcp_server.mcp) as client:
+        await call(client, "manage_collections", action="create", collection_name="kb1")
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial_call(client, on_progress, str(_mcp_docs)))
+                await first_progress.wait()
+                scope.cancel()
+        assert await anyio.to_thread.run_sync(stopped.wait, 30), "the ingest kept running after cancellation"
+        count = len(written)
+        await anyio.sleep(0.3)
+        assert len(written) == count < 200
+        status = await call(client, "get_status")
+        assert status["running_jobs"] == []
+
+
+def partial_call(client, on_progress, path):
+    async def run():
+        await client.call_tool("ingest_documents", {"path": path, "collection": "kb1"}, progress_handler=on_progress)
+    return run
+
+
+def test_warmup_and_a_first_call_load_the_model_once(monkeypatch):
+    """The loader's lock makes a tool call that arrives during warm-up wait for it, not load a second copy."""
+    import threading
+    import time
+
+    from research_agent import embeddings
+    from research_agent.container import build_container
+
+    loads: list[str] = []
+
+    class SlowModel:
+        dimension = 4
+
+        def __init__(self, name, target, device, batch_size):
+            loads.append(name)
+            time.sleep(1.0)
+            self.name = name
+
+    monkeypatch.setattr(embeddings, "_cache", {})
+    monkeypatch.setitem(embeddings._BACKENDS, "sentence-transformers", SlowModel)
+    monkeypatch.setenv("RESEARCH_AGENT_RERANK", "false")
+    container = build_container()
+    warmup = mcp_server.Warmup(container, enabled=True)
+    warmup.start()
+    got: list[object] = []
+    caller = threading.Thread(target=lambda: got.append(container.embedder))
+    time.sleep(0.1)
+    caller.start()
+    caller.join(30)
+    warmup.thread.join(30)
+    assert loads == ["all-MiniLM-L6-v2"] and warmup.state == "done"
+    assert got[0] is embeddings._cache[("sentence-transformers", "all-MiniLM-L6-v2", "cpu")]

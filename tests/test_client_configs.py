@@ -1,0 +1,130 @@
+"""The copy-paste client configs in docs/clients start the server exactly as the editor would: the test reads
+each file, fills in this checkout's paths, and speaks MCP to it with the `mcp` SDK's own stdio client.
+Optionally the MCP Inspector CLI from npm does the same (skipped without npm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENTS = ROOT / "docs" / "clients"
+VENV = Path(sys.executable).parent.parent  # the interpreter running the tests is the checkout's venv
+PLACEHOLDER = "/ABSOLUTE/PATH/TO/research-agent"
+CONFIGS = {
+    "cursor": (CLIENTS / "cursor" / ".cursor" / "mcp.json", "mcpServers"),
+    "claude-desktop": (CLIENTS / "claude-desktop" / "claude_desktop_config.json", "mcpServers"),
+    "vscode": (CLIENTS / "vscode" / ".vscode" / "mcp.json", "servers"),
+}
+
+
+def _fill(value: str, workspace: Path, notes: Path) -> str:
+    # The docs point at <checkout>/.venv; tests run from whatever venv holds this interpreter.
+    value = value.replace(f"{PLACEHOLDER}/.venv", str(VENV)).replace(PLACEHOLDER, str(ROOT))
+    return value.replace("${workspaceFolder}", str(workspace)).replace("/ABSOLUTE/PATH/TO/YOUR/NOTES", str(notes))
+
+
+def server_entry(client: str, workspace: Path, notes: Path) -> dict[str, Any]:
+    path, key = CONFIGS[client]
+    entry = json.loads(path.read_text(encoding="utf-8"))[key]["research-agent"]
+    assert entry.get("type", "stdio") == "stdio"
+    return {"command": _fill(entry["command"], workspace, notes),
+            "args": [_fill(a, workspace, notes) for a in entry.get("args", [])],
+            "env": {k: _fill(v, workspace, notes) for k, v in entry.get("env", {}).items()},
+            "cwd": _fill(entry["cwd"], workspace, notes) if "cwd" in entry else None}
+
+
+def _isolated_env(tmp_path: Path) -> dict[str, str]:
+    # What the editor's environment would hold, minus anything pointing at the user's real store.
+    return {"RESEARCH_AGENT_STORE": str(tmp_path / "store"), "HF_HUB_OFFLINE": "1",
+            "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_DATA_HOME": str(tmp_path / "data"),
+            "RESEARCH_AGENT_WARMUP": "false"}
+
+
+async def _session(entry: dict[str, Any], env: dict[str, str], body: Any) -> Any:
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    params = StdioServerParameters(command=entry["command"], args=entry["args"], env={**env, **entry["env"]},
+                                   cwd=entry["cwd"] or str(Path.cwd()))
+    with open(Path.cwd() / "server-stderr.log", "w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write):
+            async with ClientSession(read, write) as session:
+                init = await session.initialize()
+                assert init.server_info.name == "research-agent"
+                return await body(session)
+
+
+@pytest.mark.parametrize("client", ["claude-desktop", "vscode"])
+def test_config_starts_the_server_over_stdio(client, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    entry = server_entry(client, Path.cwd(), notes)
+    assert Path(entry["command"]).exists(), entry["command"]
+
+    async def body(session: Any) -> set[str]:
+        return {t.name for t in (await session.list_tools()).tools}
+
+    tools = anyio.run(_session, entry, _isolated_env(tmp_path), body)
+    assert {"query_knowledge_base", "ingest_documents", "get_status"} <= tools
+
+
+def test_cursor_config_ingests_and_queries_through_the_sdk_stdio_client(tmp_path):
+    """The Cursor config, then a real ingest and query on the real embedding model over stdio."""
+    workspace = Path.cwd()
+    (workspace / "guide.md").write_text("# Backups\n\nNightly backups go to the walrus bucket at 02:00 UTC.\n",
+                                        encoding="utf-8")
+    entry = server_entry("cursor", workspace, workspace)
+    assert entry["env"]["RESEARCH_AGENT_ALLOWED_ROOTS"] == str(workspace)
+
+    async def body(session: Any) -> dict[str, Any]:
+        assert len((await session.list_tools()).tools) == 7
+        await session.call_tool("manage_collections", {"action": "create", "collection_name": "workspace"})
+        report = await session.call_tool("ingest_documents", {"path": str(workspace / "guide.md"),
+                                                              "collection": "workspace"})
+        assert report.structured_content["added"] == 1, report
+        found = await session.call_tool("query_knowledge_base", {"query": "where do nightly backups go?",
+                                                                 "collections": ["workspace"]})
+        assert "walrus" in found.content[0].text
+        return found.structured_content
+
+    found = anyio.run(_session, entry, _isolated_env(tmp_path), body)
+    assert found["results"][0]["source_document"] == "guide.md"
+
+
+def _inspector() -> Path:
+    """The MCP Inspector CLI, installed once per checkout into .pytest_cache (npm needs the registry)."""
+    npm = shutil.which("npm")
+    if not npm or not shutil.which("node"):
+        pytest.skip("npm/node not available: the MCP Inspector check needs Node (CI has it)")
+    prefix = ROOT / ".pytest_cache" / "mcp-inspector-0.17.2"
+    exe = prefix / "node_modules" / ".bin" / "mcp-inspector"
+    if not exe.exists():
+        prefix.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error",
+                               "@modelcontextprotocol/inspector@0.17.2"], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0 or not exe.exists():
+            pytest.skip(f"npm install of the MCP Inspector failed (no registry access?): {done.stderr[-300:]}")
+    return exe
+
+
+def test_mcp_inspector_cli_lists_tools_and_calls_one(tmp_path):
+    exe = _inspector()
+    entry = server_entry("cursor", Path.cwd(), Path.cwd())
+    env = {**os.environ, **_isolated_env(tmp_path), **entry["env"]}
+    base = [str(exe), "--cli", entry["command"], *entry["args"]]
+    listed = subprocess.run([*base, "--method", "tools/list"], capture_output=True, text=True, timeout=120, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert {"query_knowledge_base", "manage_collections"} <= {t["name"] for t in json.loads(listed.stdout)["tools"]}
+    called = subprocess.run([*base, "--method", "tools/call", "--tool-name", "manage_collections",
+                             "--tool-arg", "action=list"], capture_output=True, text=True, timeout=120, env=env)
+    assert called.returncode == 0, called.stderr
+    assert json.loads(called.stdout)["structuredContent"] == {"collections": []}
