@@ -248,7 +248,8 @@ async def _run_job(ctx: Context, state: ServerState, tool: str, job: dict[str, A
                     if done <= sent:
                         continue  # MCP requires each notification's progress to increase
                     sent = done
-                    note = f"{report.stage}: {report.files_done}/{report.files_total} files, {report.chunks_done} chunks"
+                    note = (f"{report.stage}: {report.files_done}/{report.files_total} files, "
+                            f"{report.chunks_done} chunks")
                     if report.current:
                         note += f" ({report.current})"
                     try:
@@ -351,25 +352,6 @@ def _result(tool: str, data: dict[str, Any]) -> ToolResult:
 
 
 # -- resources helpers ----------------------------------------------------------------------------------
-def document_chunks(c: Container, collection: str, document: str) -> dict[str, Any]:
-    """A document's chunks in order, with their header paths and content types."""
-    from research_agent.collections import open_collection
-    from research_agent.ingest import chunk_ids, find_document
-
-    c.store.refresh()
-    col = open_collection(c, collection, check_model=False)
-    manifest = next(iter(find_document(c, collection, document).values()))
-    ids = chunk_ids(collection, manifest["document"], manifest["content_hash"], int(manifest["chunk_count"]))
-    got = col.get(ids=ids, include=["documents", "metadatas"])
-    chunks = sorted(
-        ({"chunk_id": cid, "sequence": int(meta.get("chunk_sequence_id", 0)), "header_path": meta.get("header_path", ""),
-          "content_type": meta.get("content_type", ""), "content": text}
-         for cid, text, meta in zip(got["ids"], got["documents"], got["metadatas"])),
-        key=lambda chunk: chunk["sequence"])
-    return {"collection": collection, "document": manifest["document"], "title": manifest.get("title"),
-            "chunk_count": len(chunks), "chunks": chunks}
-
-
 def _store_health(c: Container) -> tuple[bool, str | None]:
     try:
         c.store.client.heartbeat()
@@ -607,31 +589,60 @@ def _register_tools(mcp: FastMCP) -> None:
                           title=title)
         return _result("augment_knowledge", data)
 
-    @_tool(mcp, "List, remove or re-embed the documents of a collection. Returns {\"collection\", \"documents\": "
-                "[...]} (list), {\"deleted\", \"kind\", \"chunks_removed\"} (remove) or an ingest report "
-                "(reindex; reports progress, exempt from the call timeout).",
+    @_tool(mcp, "List, read, remove or re-embed the documents of a collection, and add or update notes. Returns "
+                "{\"collection\", \"documents\": [...]} (list), the document's text (get), {\"deleted\", \"kind\", "
+                "\"chunks_removed\"} (remove), the note's key and status (add-note, update-note) or an ingest "
+                "report (reindex; reports progress, exempt from the call timeout).",
            title="Manage documents", read_only=False, destructive=True, idempotent=False)
     async def manage_documents(
-        action: Annotated[Literal["list", "remove", "reindex"], Field(
-            description="list: the documents in the collection; remove: one document and its chunks; reindex: "
-                        "re-embed the whole collection with the configured embedding model (after a model "
-                        "change; reports progress).")],
+        action: Annotated[Literal["list", "get", "remove", "reindex", "add-note", "update-note"], Field(
+            description="list: the documents in the collection; get: one document's full text; remove: one "
+                        "document and its chunks; reindex: re-embed the whole collection with the configured "
+                        "embedding model (after a model change; reports progress); add-note: a new note (content, "
+                        "title); update-note: replace a note's content in place (document, content).")],
         collection: CollectionName,
         ctx: Context,
         document: Annotated[str | None, Field(
-            description="remove: the document key as `list` shows it (or the file's path).")] = None,
+            description="get/remove/update-note: the document key as `list` shows it (or the file's path); "
+                        "notes have keys like note:3f2a...")] = None,
+        content: Annotated[str | None, Field(description="add-note/update-note: the note text (Markdown).")] = None,
+        title: Annotated[str | None, Field(description="add-note: the note's title (required); update-note: a new "
+                                                       "title.")] = None,
+        source: Annotated[str | None, Field(description="add-note: where the note came from.")] = None,
     ) -> ToolResult:
+        from research_agent import augment
         from research_agent import ingest as svc
 
         c, tool = _container(ctx), "manage_documents"
         if action == "list":
             data = await _run(ctx, tool, svc.list_documents, c, collection, timed=True)
+        elif action == "get":
+            data = await _run(ctx, tool, svc.get_document, c, collection, _require(document, "document", action),
+                              timed=True)
         elif action == "remove":
             data = await _run(ctx, tool, svc.remove_document, c, collection, _require(document, "document", action))
+        elif action == "add-note":
+            data = await _run(ctx, tool, augment.add_note, c, collection, _require(content, "content", action),
+                              _require(title, "title", action), source=source)
+        elif action == "update-note":
+            data = await _run(ctx, tool, augment.update_note, c, collection, _require(document, "document", action),
+                              _require(content, "content", action), title=title)
         else:
             data = await _run(ctx, tool, svc.reindex_collection, c, collection,
                               job={"collection": collection, "path": None})
         return _result(tool, data)
+
+    @_tool(mcp, "Check the store for what an interrupted write left behind (orphan chunks, incomplete documents, "
+                "leftovers of an interrupted reindex); with repair=true, fix it. Returns per-collection counts, "
+                "leftovers, the repairs done and `healthy`.",
+           title="Check the store", read_only=False, destructive=True, idempotent=True)
+    async def check_store(
+        ctx: Context,
+        repair: Annotated[bool, Field(description="Fix what the check finds (deletes orphan chunks).")] = False,
+    ) -> ToolResult:
+        from research_agent.doctor import run_doctor
+
+        return _result("check_store", await _run(ctx, "check_store", run_doctor, _container(ctx), repair=repair))
 
     @_tool(mcp, "The server's version, store (embedded path or Chroma server) and whether it is reachable, "
                 "embedding and reranker models (names, whether loaded or available), device, counts of "
@@ -682,7 +693,9 @@ def _register_resources(mcp: FastMCP) -> None:
                   description="A document's chunks in order (header path, content type, text); `document` is the "
                               "key that the documents list shows, e.g. notes/setup.md.")
     async def chunks_resource(name: str, document: str, ctx: Context) -> dict[str, Any]:
-        return await read(ctx, "resource document", document_chunks, name, document)
+        from research_agent.ingest import get_document_chunks
+
+        return await read(ctx, "resource document", get_document_chunks, name, document)
 
     @mcp.resource("research://history", name="query-history", mime_type="application/json",
                   description="The most recent queries (newest first, at most 50 here; the store keeps 200).")

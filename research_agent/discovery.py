@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from research_agent.errors import CollectionError, DocumentError, QueryError
+from research_agent.errors import CollectionError, ConfigError, DocumentError, QueryError
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ BOOSTS_FILE = Path(__file__).with_name("task_boosts.yaml")
 MUST_LOAD, SHOULD_LOAD, CONSIDER = 0.9, 0.7, 0.5
 
 # Calibration (see the module docstring and docs/discovery.md). D0 is the cosine at which dense
-# evidence alone is a coin flip; A says how fast it moves: cos 0.60 alone gives 0.83, 0.30 gives 0.29.
+# evidence alone is a coin flip; A says how fast it moves: cos 0.60 alone gives 0.83, 0.30 gives 0.25.
 CAL_A = 9.0
 CAL_D0 = 0.42
 CAL_B = 1.5     # every content word of the task found in the node: odds x4.5
@@ -438,22 +438,27 @@ def load_boosts(path: Path | str | None = None) -> dict[str, Any]:
         try:
             user = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except OSError as exc:
-            from research_agent.errors import ConfigError
-
             raise ConfigError(f"Cannot read the discovery boosts file {p}: {exc.strerror}",
                               guidance="Fix RESEARCH_AGENT_DISCOVERY_BOOSTS_FILE or remove it.") from None
         except yaml.YAMLError as exc:
-            from research_agent.errors import ConfigError
-
             raise ConfigError(f"The discovery boosts file {p} is not valid YAML: {exc}",
                               guidance="Fix the YAML syntax (see research_agent/task_boosts.yaml).") from None
         if not isinstance(user, dict):
-            from research_agent.errors import ConfigError
-
             raise ConfigError(f"The discovery boosts file {p} must hold a mapping",
                               guidance="Start from a copy of research_agent/task_boosts.yaml.")
         data = _merge(data, user)
+        bad = [key for key, value in _leaves(data) if isinstance(value, bool) or not isinstance(value, (int, float))
+               or value <= 0]
+        if bad:
+            raise ConfigError(f"The discovery boosts file {p} has values that are not positive numbers: "
+                              f"{', '.join(bad[:5])}", guidance="Every boost is a positive number (1.0 = no change).")
     return data
+
+
+def _leaves(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(data, dict):
+        return [leaf for k, v in data.items() for leaf in _leaves(v, f"{prefix}{k}.")]
+    return [(prefix.rstrip("."), data)]
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

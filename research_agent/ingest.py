@@ -478,6 +478,38 @@ def get_document(c, collection: str, document: str) -> DocumentContent:
                            content="\n\n".join(by_id[i] for i in ids if i in by_id))
 
 
+class ChunkView(BaseModel):
+    chunk_id: str
+    sequence: int
+    header_path: str
+    content_type: str
+    content: str
+
+
+class DocumentChunks(BaseModel):
+    collection: str
+    document: str
+    title: str | None
+    chunk_count: int
+    chunks: list[ChunkView]
+
+
+def get_document_chunks(c, collection: str, document: str) -> DocumentChunks:
+    """A document's chunks in order, with their header paths and content types."""
+    c.store.refresh()
+    manifest = next(iter(find_document(c, collection, document).values()))
+    col = open_collection(c, collection, check_model=False)
+    ids = chunk_ids(collection, manifest["document"], manifest["content_hash"], int(manifest["chunk_count"]))
+    got = col.get(ids=ids, include=["documents", "metadatas"])
+    chunks = sorted((ChunkView(chunk_id=cid, sequence=int(meta.get("chunk_sequence_id", 0)),
+                               header_path=meta.get("header_path", ""), content_type=meta.get("content_type", ""),
+                               content=text)
+                     for cid, text, meta in zip(got["ids"], got["documents"], got["metadatas"])),
+                    key=lambda ch: ch.sequence)
+    return DocumentChunks(collection=collection, document=manifest["document"], title=manifest.get("title"),
+                          chunk_count=len(chunks), chunks=chunks)
+
+
 def remove_document(c, collection: str, document: str) -> Deleted:
     c.store.refresh()
     found = find_document(c, collection, document)

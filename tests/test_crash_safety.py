@@ -139,7 +139,12 @@ POINTS = [
                  marks=BUG_DUPLICATE_KEYS),
     pytest.param("update", ("step", "_clear_intent:1"), id="update-step-old-chunks-deleted-intent-kept",
                  marks=BUG_DUPLICATE_KEYS),
-    pytest.param("update", ("step", "prune"), id="update-step-prune-manifests-deleted-chunks-kept"),
+    pytest.param("update", ("step", "prune"), id="update-step-prune-manifests-deleted-chunks-kept",
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "BUG: an interrupted write is only undone inside the next write_documents/delete_documents "
+                     "call (ingest.recover_interrupted); a re-run with nothing new to write (every file unchanged, "
+                     "nothing left to prune) never calls it, so the killed prune's chunks stay as orphans and its "
+                     "intent record stays forever (doctor: unhealthy)"))),
 ]
 
 

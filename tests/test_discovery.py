@@ -340,6 +340,9 @@ def test_boosts_file_override_and_errors(container, fake_embedder, tmp_path, mon
     merged = discovery.load_boosts(custom)
     assert merged["task_types"]["debug"]["context"] == 3.0 and merged["task_types"]["debug"]["protocol"] == 1.3
     assert merged["status"]["draft"] == 0.1 and merged["status"]["active"] == 1.1
+    custom.write_text("task_types:\n  debug: {context: lots}\n")
+    with pytest.raises(ConfigError, match="task_types.debug.context"):
+        discovery.load_boosts(custom)
     custom.write_text("task_types: [oops\n")
     with pytest.raises(ConfigError):
         discovery.load_boosts(custom)
@@ -390,3 +393,15 @@ def test_empty_store_and_empty_collection(container, fake_embedder):
     assert res.recommendations == [] and res.total_available == 0 and "No knowledge relevant" in res.message
     with pytest.raises(DocumentError):
         discovery.retrieve_knowledge(container, ["x"])
+
+
+def test_search_knowledge_scope_is_collections_or_a_project(small):
+    from research_agent import projects
+
+    projects.create_project(small, "farm")
+    projects.set_default_collections(small, "farm", ["orchard"])
+    by_project = discovery.search_knowledge(small, "cherries", scope="farm", search_type="keyword")
+    assert by_project.collections == ["orchard"] and by_project.results[0].metadata["node_id"] in ("c", "c1")
+    assert discovery.search_knowledge(small, "cherries", scope=["orchard"]).collections == ["orchard"]
+    with pytest.raises(CollectionError):
+        discovery.search_knowledge(small, "cherries", scope=["nope"])

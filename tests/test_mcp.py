@@ -15,7 +15,7 @@ import mcp_server
 pytestmark = pytest.mark.anyio
 
 TOOLS = {"query_knowledge_base", "manage_collections", "manage_projects", "ingest_documents",
-         "augment_knowledge", "manage_documents", "get_status"}
+         "augment_knowledge", "manage_documents", "get_status", "check_store"}
 
 
 @pytest.fixture
@@ -73,7 +73,8 @@ async def test_lists_exactly_the_tools_with_annotations_and_schemas():
             assert schema.get("description"), (tool.name, prop)
     actions = tools["manage_projects"].input_schema["properties"]["action"]["enum"]
     assert actions == ["create", "list", "info", "delete", "link", "unlink", "set-defaults"]
-    assert tools["manage_documents"].input_schema["properties"]["action"]["enum"] == ["list", "remove", "reindex"]
+    assert tools["manage_documents"].input_schema["properties"]["action"]["enum"] == [
+        "list", "get", "remove", "reindex", "add-note", "update-note"]
     assert tools["query_knowledge_base"].input_schema["required"] == ["query"]
     assert set(tools["ingest_documents"].input_schema["required"]) == {"path", "collection"}
 
@@ -381,7 +382,6 @@ async def test_prompts_query_refinement_and_context_extraction(fake_embedder):
 
 async def test_status_reports_models_store_counts_limits_and_running_jobs(fake_embedder, _mcp_docs, monkeypatch):
     import threading
-    import time
 
     from research_agent import ingest
 
@@ -409,7 +409,6 @@ async def test_status_reports_models_store_counts_limits_and_running_jobs(fake_e
         assert status["limits"] == {"max_concurrent_calls": 10, "call_timeout": 30.0}
         assert status["warmup"] == "off"  # RESEARCH_AGENT_WARMUP=false in these tests
         assert (await call(client, "get_status"))["running_jobs"] == []
-        del time
 
 
 # -- limits: timeout, concurrency, cancellation, warm-up -----------------------------------------------------
@@ -533,3 +532,22 @@ def test_warmup_and_a_first_call_load_the_model_once(monkeypatch):
     warmup.thread.join(30)
     assert loads == ["all-MiniLM-L6-v2"] and warmup.state == "done"
     assert got[0] is embeddings._cache[("sentence-transformers", "all-MiniLM-L6-v2", "cpu")]
+
+
+async def test_notes_get_and_store_check_over_mcp(fake_embedder):
+    async with Client(mcp_server.mcp) as client:
+        await call(client, "manage_collections", action="create", collection_name="notes")
+        note = await call(client, "manage_documents", action="add-note", collection="notes",
+                          content="# Plan\n\nUse sqlite.", title="Plan")
+        assert note["kind"] == "note" and note["status"] == "added"
+        updated = await call(client, "manage_documents", action="update-note", collection="notes",
+                             document=note["document"], content="# Plan\n\nUse redis.")
+        assert updated["status"] == "updated" and updated["document"] == note["document"]
+        got = await call(client, "manage_documents", action="get", collection="notes", document=note["document"])
+        assert "redis" in got["content"] and "sqlite" not in got["content"]
+        error = await call_error(client, "manage_documents", action="add-note", collection="notes", content="x")
+        assert error.code == -32602 and "title" in str(error)
+        error = await call_error(client, "manage_documents", action="get", collection="notes", document="note:nope")
+        assert error.code == -32003
+        report = await call(client, "check_store")
+        assert report["healthy"] is True and report["collections"][0]["documents"] == 1

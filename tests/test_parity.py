@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-import click
 import typer.main
 
 from research_agent.cli.main import app
@@ -50,8 +49,8 @@ def cli_commands() -> set[str]:
     root = typer.main.get_command(app)
     found = set()
 
-    def walk(cmd: click.Command, prefix: str) -> None:
-        if isinstance(cmd, click.Group):
+    def walk(cmd, prefix: str) -> None:
+        if hasattr(cmd, "commands"):
             for name, sub in cmd.commands.items():
                 walk(sub, f"{prefix} {name}".strip())
         else:
@@ -67,7 +66,7 @@ def mcp_tools() -> dict[str, dict]:
 
     async def go():
         async with Client(mcp_server.mcp) as client:
-            return {t.name: t.inputSchema for t in await client.list_tools()}
+            return {t.name: t.input_schema for t in await client.list_tools()}
 
     return asyncio.run(go())
 
