@@ -404,6 +404,7 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
     server = FastMCP("research-agent", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan,
                      middleware=[ErrorMappingMiddleware(), _LifecycleMiddleware(holder)])
     _register_tools(server)
+    _register_discovery(server)
     _register_resources(server)
     _register_prompts(server)
 
@@ -661,6 +662,153 @@ def _register_tools(mcp: FastMCP) -> None:
         data["limits"] = {"max_concurrent_calls": int(state.container.settings.max_concurrent_calls),
                           "call_timeout": state.call_timeout}
         return _result("get_status", data)
+
+
+TaskType = Literal["implement", "debug", "refactor", "document", "review", "design", "test"]
+
+
+def _register_discovery(mcp: FastMCP) -> None:
+
+    @_tool(mcp, "Before starting a coding task, ask what knowledge you need: returns ranked recommendations of "
+                "knowledge nodes ({id, path, title, type, relevance_score, reason, estimated_tokens}) and "
+                "total_available. Scores: >= 0.9 must load, 0.7-0.9 should load, 0.5-0.7 consider; below 0.5 is "
+                "left out, so an empty list means nothing relevant is known (see `message`). Load the ids with "
+                "retrieve_knowledge. Read-only.",
+           title="Discover context for a task", read_only=True, destructive=False, idempotent=True)
+    async def discover_context(
+        task_description: Annotated[str, Field(description="The task you are about to perform, in natural "
+                                                            "language.")],
+        ctx: Context,
+        task_type: Annotated[TaskType | None, Field(description="What kind of task; tunes which node types rank "
+                                                                "higher.")] = None,
+        current_file: Annotated[str | None, Field(description="Path of the file being worked on; knowledge "
+                                                              "about nearby files ranks higher.")] = None,
+        max_results: Annotated[int, Field(description="Maximum number of recommendations.", ge=1)] = 5,
+        collections: Annotated[list[str] | None, Field(description="Collections to search (default: all).")] = None,
+        project: Annotated[str | None, Field(description="Search this project's default collections.")] = None,
+    ) -> ToolResult:
+        from research_agent.discovery import discover_context as svc
+
+        data = await _run(ctx, "discover_context", svc, _container(ctx), task_description, task_type=task_type,
+                          current_file=current_file, max_results=max_results, collections=collections or None,
+                          project=project, timed=True)
+        return _result("discover_context", data)
+
+    @_tool(mcp, "Fetch the full content of knowledge nodes by id (from discover_context or list_knowledge_bases), "
+                "reassembled in document order, with metadata, children when asked, and total_tokens. At most 20 "
+                "ids per call. Ids that do not exist are listed in not_found; the others are still returned.",
+           title="Retrieve knowledge", read_only=True, destructive=False, idempotent=True)
+    async def retrieve_knowledge(
+        ids: Annotated[list[str], Field(description="Node ids; write collection:node_id when an id exists in "
+                                                    "several collections.")],
+        ctx: Context,
+        include_children: Annotated[bool, Field(description="Also return each node's sub-sections.")] = False,
+        format: Annotated[Literal["markdown", "json", "plain"], Field(
+            description="markdown: as written; plain: markup removed; json: content split into typed sections "
+                        "(prose, code_block, table).")] = "markdown",
+    ) -> ToolResult:
+        from research_agent.discovery import retrieve_knowledge as svc
+
+        data = await _run(ctx, "retrieve_knowledge", svc, _container(ctx), ids, include_children=include_children,
+                          format=format, timed=True)
+        return _result("retrieve_knowledge", data)
+
+    @_tool(mcp, "The catalogue of knowledge files and their nodes: id, path, title, type, status, description, "
+                "last_checked, node_count. Filters match a node's own or inherited type/status.",
+           title="List knowledge bases", read_only=True, destructive=False, idempotent=True)
+    async def list_knowledge_bases(
+        ctx: Context,
+        filter_type: Annotated[str | None, Field(description="Only nodes of this type (guideline, protocol, "
+                                                             "context, agent_skill, plan, task, log ...).")] = None,
+        filter_status: Annotated[str | None, Field(description="Only nodes with this status (active, draft, "
+                                                               "deprecated ...).")] = None,
+    ) -> ToolResult:
+        from research_agent.discovery import list_knowledge_bases as svc
+
+        data = await _run(ctx, "list_knowledge_bases", svc, _container(ctx), filter_type=filter_type,
+                          filter_status=filter_status, timed=True)
+        return _result("list_knowledge_bases", data)
+
+    @_tool(mcp, "Full-text and semantic search across knowledge bases (the query engine of query_knowledge_base), "
+                "returning chunks with scores. Use it for specific questions during a task.",
+           title="Search knowledge", read_only=True, destructive=False, idempotent=True)
+    async def search_knowledge(
+        query: Annotated[str, Field(description="What to look for.")],
+        ctx: Context,
+        search_type: Annotated[Literal["semantic", "keyword", "hybrid"], Field(
+            description="hybrid (default), semantic (embeddings only) or keyword (exact terms).")] = "hybrid",
+        scope: Annotated[list[str] | None, Field(description="Collections to search, or one project name "
+                                                             "(default: all collections).")] = None,
+        max_results: Annotated[int, Field(description="How many results.", ge=1)] = 10,
+    ) -> ToolResult:
+        from research_agent.discovery import search_knowledge as svc
+
+        data = await _run(ctx, "search_knowledge", svc, _container(ctx), query, search_type=search_type,
+                          scope=scope or None, max_results=max_results, timed=True)
+        return _result("search_knowledge", data)
+
+    @_tool(mcp, "The nodes a node depends on (upstream: its blocked_by and parent) and that depend on it "
+                "(downstream: nodes blocked by it, its children), breadth first to `depth` (capped by the server), "
+                "with edges {source, target, kind}, cycles and blocked_by ids that match no node.",
+           title="Get dependencies", read_only=True, destructive=False, idempotent=True)
+    async def get_dependencies(
+        node_id: Annotated[str, Field(description="The node to analyse.")],
+        ctx: Context,
+        direction: Annotated[Literal["upstream", "downstream", "both"], Field(
+            description="upstream, downstream or both.")] = "both",
+        depth: Annotated[int, Field(description="Levels to follow.", ge=1)] = 1,
+    ) -> ToolResult:
+        from research_agent.discovery import get_dependencies as svc
+
+        data = await _run(ctx, "get_dependencies", svc, _container(ctx), node_id, direction=direction, depth=depth,
+                          timed=True)
+        return _result("get_dependencies", data)
+
+    # Resources. FastMCP drops the fragment for a template without `#`, so the node template must be
+    # registered BEFORE the whole-file one (checked: in the other order `...md#node` reads the whole file).
+    @mcp.resource("knowledge://{collection}/{path*}#{node_id}", name="knowledge-node", mime_type="text/markdown",
+                  description="One knowledge node (by node id or anchor) with its sub-sections.")
+    async def knowledge_node_resource(collection: str, path: str, node_id: str, ctx: Context) -> str:
+        from research_agent.discovery import read_knowledge_resource
+
+        text, _meta = await _run(ctx, "resource knowledge", read_knowledge_resource, _container(ctx), collection,
+                                 path, node_id, timed=True)
+        return text
+
+    @mcp.resource("knowledge://{collection}/{path*}", name="knowledge-file", mime_type="text/markdown",
+                  description="A whole ingested knowledge file, reassembled from its chunks; `path` is the document "
+                              "key (e.g. knowledge/guidelines/testing.md).")
+    async def knowledge_file_resource(collection: str, path: str, ctx: Context) -> str:
+        from research_agent.discovery import read_knowledge_resource
+
+        text, _meta = await _run(ctx, "resource knowledge", read_knowledge_resource, _container(ctx), collection,
+                                 path, timed=True)
+        return text
+
+    @mcp.resource("research://knowledge", name="knowledge-index", mime_type="application/json",
+                  description="Every knowledge file as {uri, name, mimeType, metadata: {id, type, status, "
+                              "last_checked, node_count, nodes}}; read one with its knowledge:// uri.")
+    async def knowledge_index_resource(ctx: Context) -> dict[str, Any]:
+        from research_agent.discovery import list_knowledge_resources
+
+        return {"resources": await _run(ctx, "resource knowledge index", list_knowledge_resources, _container(ctx),
+                                        timed=True)}
+
+    # Prompts.
+    @mcp.prompt(name="task_preparation", description="Prepare context before executing a coding task.")
+    async def task_preparation(task: Annotated[str, Field(description="The task to prepare for.")]) -> str:
+        from research_agent.discovery import task_preparation_prompt
+
+        return task_preparation_prompt(task)
+
+    @mcp.prompt(name="knowledge_audit", description="Verify sufficient context exists before proceeding.")
+    async def knowledge_audit(
+        task: Annotated[str, Field(description="The task.")],
+        loaded_context: Annotated[str, Field(description="Knowledge node ids already loaded, comma-separated.")],
+    ) -> str:
+        from research_agent.discovery import knowledge_audit_prompt
+
+        return knowledge_audit_prompt(task, [p.strip() for p in loaded_context.split(",") if p.strip()])
 
 
 def _register_resources(mcp: FastMCP) -> None:

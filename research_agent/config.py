@@ -68,6 +68,10 @@ class Settings(BaseModel):
     # Discovery.
     max_retrieve_ids: int = 20
     max_dependency_depth: int = 5
+    discovery_boosts_file: Path | None = None   # merged over research_agent/task_boosts.yaml
+    discovery_min_score: float = 0.5            # recommendations below are left out (the protocol's "skip")
+    discovery_candidates: int = 40              # dense and keyword chunks per collection that nominate nodes
+    discovery_collapse_max_tokens: int = 3000   # largest subtree "prefer the parent" recommends whole
 
     # Server.
     transport: Literal["stdio", "http"] = "stdio"

@@ -472,7 +472,7 @@ _boost_cache: dict[str, tuple[float, dict[str, Any]]] = {}
 
 
 def _boosts(c) -> dict[str, Any]:
-    path = getattr(c.settings, "discovery_boosts_file", None)
+    path = c.settings.discovery_boosts_file
     key = str(path or "")
     mtime = Path(path).expanduser().stat().st_mtime if path and Path(path).expanduser().exists() else 0.0
     hit = _boost_cache.get(key)
@@ -705,7 +705,7 @@ def discover_context(c, task_description: str, *, task_type: str | None = None, 
     timings: dict[str, float] = {}
     indexes = [node_index(c, name) for name in names]
     timings["index"] = (time.perf_counter() - t0) * 1000
-    n_cand = int(getattr(s, "discovery_candidates", DEFAULT_CANDIDATES))
+    n_cand = s.discovery_candidates
     # Hybrid candidates: exact dense similarity over every chunk (the node index holds the vectors,
     # so one matrix product replaces an approximate Chroma query and a second embedding of the task),
     # plus the keyword (BM25) candidates of the query engine.
@@ -736,8 +736,8 @@ def discover_context(c, task_description: str, *, task_type: str | None = None, 
             add(ix, cand.metadata.get("node_id"))
     t = time.perf_counter()
     scored = _score_nodes(c, task, indexes, candidate_ids, qvec, task_type, current_file)
-    min_score = float(getattr(s, "discovery_min_score", CONSIDER))
-    collapse_tokens = int(getattr(s, "discovery_collapse_max_tokens", DEFAULT_COLLAPSE_MAX_TOKENS))
+    min_score = s.discovery_min_score
+    collapse_tokens = s.discovery_collapse_max_tokens
     scored = _collapse(scored, min_score, collapse_tokens)
     scored = [x for x in scored if x.include_children or not x.node.children or x.node.own_tokens >= THIN_NODE_TOKENS]
     scored.sort(key=lambda x: (-x.score, x.node.source_document, x.node.id))

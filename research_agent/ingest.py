@@ -218,6 +218,10 @@ def _chunk_metadata(collection: str, doc: PreparedDocument, chunk: Any, seq: int
     for key in ("description", "added_at"):
         if isinstance(doc.extra.get(key), str):
             meta[key] = doc.extra[key]
+    for key in ("title", "description"):  # the hybrid format's node-level bullets
+        value = chunk.node_metadata.get(key)
+        if isinstance(value, str) and value:
+            meta[f"node_{key}"] = value
     kw = doc.extra.get("keywords") or doc.extra.get("tags")
     if isinstance(kw, list) and kw:
         meta["keywords"] = [str(k) for k in kw]

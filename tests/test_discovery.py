@@ -405,3 +405,17 @@ def test_search_knowledge_scope_is_collections_or_a_project(small):
     assert discovery.search_knowledge(small, "cherries", scope=["orchard"]).collections == ["orchard"]
     with pytest.raises(CollectionError):
         discovery.search_knowledge(small, "cherries", scope=["nope"])
+
+
+def test_boosts_file_setting_is_merged_over_the_shipped_matrix(tmp_path, monkeypatch):
+    from research_agent.container import build_container
+    from research_agent.discovery import load_boosts
+
+    custom = tmp_path / "boosts.yaml"
+    custom.write_text("task_types:\n  implement: {guideline: 2.5}\n")
+    monkeypatch.setenv("RESEARCH_AGENT_DISCOVERY_BOOSTS_FILE", str(custom))
+    c = build_container()
+    assert c.settings.discovery_boosts_file == custom
+    merged = load_boosts(c.settings.discovery_boosts_file)
+    assert merged["task_types"]["implement"]["guideline"] == 2.5
+    assert merged["task_types"]["implement"]["protocol"] == load_boosts()["task_types"]["implement"]["protocol"]

@@ -15,7 +15,8 @@ import mcp_server
 pytestmark = pytest.mark.anyio
 
 TOOLS = {"query_knowledge_base", "manage_collections", "manage_projects", "ingest_documents",
-         "augment_knowledge", "manage_documents", "get_status", "check_store"}
+         "augment_knowledge", "manage_documents", "get_status", "check_store", "discover_context",
+         "retrieve_knowledge", "list_knowledge_bases", "search_knowledge", "get_dependencies"}
 
 
 @pytest.fixture
