@@ -423,6 +423,16 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
     return server
 
 
+Filters = Annotated[dict[str, Any] | None, Field(
+    description="Only chunks matching every field: {\"content_type\": \"code_block\"}, {\"kind\": [\"note\", "
+                "\"research\"]} (a list means any of). Fields: content_type, kind, node_type, status, tags, keywords, "
+                "code_language, document, collection.")]
+MaxTokens = Annotated[int | None, Field(description="Token budget: stop adding results once their content reaches "
+                                                    "this many tokens (at least one result is returned).", ge=1)]
+Snippets = Annotated[bool, Field(description="Return the most query-relevant excerpt of each chunk instead of the "
+                                             "whole chunk.")]
+
+
 CollectionName = Annotated[str, Field(description="Collection name: 3-512 characters of letters, digits, '.', "
                                                   "'_' or '-', starting and ending with a letter or digit.")]
 
@@ -458,12 +468,16 @@ def _register_tools(mcp: FastMCP) -> None:
             description="hybrid: embeddings and keywords fused (default); semantic: embeddings only; keyword: "
                         "exact terms only (names, error strings).")] = "hybrid",
         rerank: Annotated[bool, Field(description="Rerank with the cross-encoder when it is available.")] = True,
+        filters: Filters = None,
+        max_tokens: MaxTokens = None,
+        snippets: Snippets = False,
     ) -> ToolResult:
         from research_agent.query import query_knowledge
 
         data = await _run(ctx, "query_knowledge_base", query_knowledge, _container(ctx), query,
                           collections=collections or None, project=project, top_k=top_k,
-                          document_context=document_context, mode=mode, rerank=rerank, timed=True)
+                          document_context=document_context, mode=mode, rerank=rerank, filters=filters,
+                          max_tokens=max_tokens, snippets=snippets, timed=True)
         _state(ctx).record_query(data)
         return _result("query_knowledge_base", data)
 
@@ -632,6 +646,31 @@ def _register_tools(mcp: FastMCP) -> None:
             data = await _run(ctx, tool, svc.reindex_collection, c, collection,
                               job={"collection": collection, "path": None})
         return _result(tool, data)
+
+    @_tool(mcp, "Measure retrieval quality on your own relevance judgments (BEIR files on the server's machine, "
+                "under its allowed roots): nDCG@k, Recall@k, MRR@k and latency for each mode (semantic, keyword, "
+                "hybrid, hybrid+rerank; a mode that cannot run, e.g. no reranker, is reported unavailable). Runs one "
+                "query per judged query and mode: exempt from the call timeout.",
+           title="Evaluate retrieval", read_only=True, destructive=False, idempotent=True)
+    async def evaluate_retrieval(
+        collection: CollectionName,
+        queries_file: Annotated[str, Field(description="BEIR queries.jsonl (_id, text).")],
+        qrels_file: Annotated[str, Field(description="BEIR qrels TSV: query-id, corpus-id, score (header line).")],
+        ctx: Context,
+        k: Annotated[int, Field(description="The cut-off for every metric.", ge=1)] = 10,
+        limit: Annotated[int | None, Field(description="Evaluate only the first N judged queries.", ge=1)] = None,
+    ) -> ToolResult:
+        from research_agent.evaluation import evaluate
+        from research_agent.ingest import check_allowed
+
+        c = _container(ctx)
+
+        def run_eval() -> Any:
+            roots = c.settings.resolved_allowed_roots()
+            files = [check_allowed(Path(f), roots) for f in (queries_file, qrels_file)]
+            return evaluate(c, collection, *files, k=k, limit=limit)
+
+        return _result("evaluate_retrieval", await _run(ctx, "evaluate_retrieval", run_eval))
 
     @_tool(mcp, "Check the store for what an interrupted write left behind (orphan chunks, incomplete documents, "
                 "leftovers of an interrupted reindex); with repair=true, fix it. Returns per-collection counts, "

@@ -55,6 +55,15 @@ class Settings(BaseModel):
     threshold_highly_relevant: float = 0.8
     threshold_relevant: float = 0.5
     threshold_somewhat_relevant: float = 0.2
+    fusion_method: Literal["convex", "rrf"] = "convex"  # convex: weighted normalised scores; rrf: rank fusion
+    hybrid_dense_weight: float = Field(0.5, ge=0.0, le=1.0)  # dense side of fusion; keyword side is 1 - this
+    rrf_k: int = 60
+    context_weight: float = Field(0.3, ge=0.0)  # document_context mixed into the query vector
+    retrieval_candidates: int = 50  # per retriever and collection, before fusion
+    snippet_tokens: int = 60
+    keyword_title_weight: int = Field(2, ge=0)
+    keyword_keywords_weight: int = Field(3, ge=0)
+    rerank_batch_size: int = 32
 
     # Ingestion limits.
     chunk_max_tokens: int = 350

@@ -198,8 +198,7 @@ def active_chunks(c, collection: str, col: Any) -> list[Chunk]:
 
 
 def field_weights(settings: Any) -> tuple[int, int]:
-    return (int(getattr(settings, "keyword_title_weight", TITLE_WEIGHT)),
-            int(getattr(settings, "keyword_keywords_weight", KEYWORD_WEIGHT)))
+    return settings.keyword_title_weight, settings.keyword_keywords_weight
 
 
 def keyword_index(c, collection: str, col: Any) -> KeywordIndex:

@@ -21,23 +21,6 @@ from research_agent.errors import CollectionError, QueryError
 QUERY_MODES = ("hybrid", "semantic", "keyword")
 FUSION_METHODS = ("convex", "rrf")
 
-# Defaults of the tunable knobs (each is a Settings field when config.py has it; see docs/query.md).
-DEFAULTS: dict[str, Any] = {
-    "fusion_method": "convex",       # convex: weighted sum of normalised scores; rrf: reciprocal rank fusion
-    "hybrid_dense_weight": 0.5,      # weight of the dense side in fusion (keyword side: 1 - this)
-    "rrf_k": 60,
-    "context_weight": 0.3,           # document_context mixed into the query vector
-    "retrieval_candidates": 50,      # per retriever and collection, before fusion
-    "snippet_tokens": 60,
-}
-RRF_K = DEFAULTS["rrf_k"]
-CONTEXT_WEIGHT = DEFAULTS["context_weight"]
-
-
-def knob(settings: Any, name: str) -> Any:
-    return getattr(settings, name, DEFAULTS[name])
-
-
 class QueryHit(BaseModel):
     content: str
     relevance_score: float
@@ -286,10 +269,10 @@ def retrieve_candidates(c, query: str, names: list[str], *, mode: str = "hybrid"
     if "collection" in flt:
         names = [nm for nm in names if nm in set(map(str, flt["collection"]))]
     where, accept = chroma_where(flt), metadata_predicate(flt)
-    fusion = fusion or knob(s, "fusion_method")
+    fusion = fusion or s.fusion_method
     if fusion not in FUSION_METHODS:
         raise QueryError(f"Unknown fusion method {fusion!r}", guidance=f"Use one of: {', '.join(FUSION_METHODS)}.")
-    w = knob(s, "hybrid_dense_weight") if dense_weight is None else dense_weight
+    w = s.hybrid_dense_weight if dense_weight is None else dense_weight
     cols = {name: open_collection(c, name) for name in names}
     dense: list[Candidate] = []
     keyword: list[Candidate] = []
@@ -298,7 +281,7 @@ def retrieve_candidates(c, query: str, names: list[str], *, mode: str = "hybrid"
     if mode in ("semantic", "hybrid"):
         t = time.perf_counter()
         qvec = _query_vector(c, query, document_context,
-                             knob(s, "context_weight") if context_weight is None else context_weight)
+                             s.context_weight if context_weight is None else context_weight)
         timings["embed"] = (time.perf_counter() - t) * 1000
         t = time.perf_counter()
         dense = sorted((cand for name in names for cand in _dense(c, name, cols[name], qvec, n, where)),
@@ -323,7 +306,7 @@ def retrieve_candidates(c, query: str, names: list[str], *, mode: str = "hybrid"
         return keyword
     t = time.perf_counter()
     if fusion == "rrf":
-        out = fuse_rrf(dense, keyword, w, int(knob(s, "rrf_k")))
+        out = fuse_rrf(dense, keyword, w, s.rrf_k)
     else:
         pool: dict[str, Candidate] = {}
         for rank, cand in enumerate(dense, start=1):
@@ -525,7 +508,7 @@ def query_knowledge(c, query: str, *, collections: list[str] | None = None, proj
     timings: dict[str, float] = {}
     cap = s.per_document_cap if per_document_cap is None else per_document_cap
     n_rerank = max(int(s.rerank_candidates), top_k)
-    n = max(int(knob(s, "retrieval_candidates")), n_rerank, top_k * max(cap, 1))
+    n = max(s.retrieval_candidates, n_rerank, top_k * max(cap, 1))
     fused = retrieve_candidates(c, query, names, mode=mode, n=n, document_context=document_context,
                                 timings=timings, filters=flt)
     fused = cap_per_document(fused, cap)
@@ -555,7 +538,7 @@ def query_knowledge(c, query: str, *, collections: list[str] | None = None, proj
             score = max(0.0, min(1.0, cand.dense))
         else:
             score = _keyword_relevance(cand.keyword or 0.0)
-        text = snippet(cand.text, query, int(knob(s, "snippet_tokens"))) if snippets else cand.text
+        text = snippet(cand.text, query, s.snippet_tokens) if snippets else cand.text
         tokens = estimate_tokens(text)
         if max_tokens is not None and hits and used_tokens + tokens > max_tokens:
             truncated = True

@@ -70,7 +70,7 @@ class Reranker:
     def raw_scores(self, query: str, passages: list[str]) -> Any:
         """The model's logits: one per passage, or a row of logits per passage for multi-label models."""
         pairs = [(query, p) for p in passages]
-        batch = int(getattr(self._settings, "rerank_batch_size", 32))
+        batch = self._settings.rerank_batch_size
         if self.backend == "flagembedding":
             scores = self._model.compute_score(pairs, batch_size=batch, normalize=False)
             return [float(s) for s in (scores if isinstance(scores, list) else [scores])]

@@ -412,3 +412,44 @@ def test_python_dash_m_runs_the_cli():
     result = subprocess.run([sys.executable, "-m", "research_agent", "--help"], capture_output=True, text=True,
                             cwd=ROOT)
     assert result.returncode == 0 and "collections" in result.stdout
+
+
+def test_query_filters_budget_and_snippets(_cli_kb):
+    out = cli_json("--store", _cli_kb["store"], "query", "install", "--collections", "guides", "--no-rerank",
+                   "--filter", "content_type=code_block,table", "--max-tokens", "40", "--snippets")
+    assert out["results"] and all(h["metadata"]["content_type"] in ("code_block", "table") for h in out["results"])
+    usage = cli("--store", _cli_kb["store"], "query", "install", "--filter", "content_type")
+    assert usage.exit_code == 2 and "KEY=VALUE" in usage.stderr
+    error = cli_error(6, "--store", _cli_kb["store"], "query", "install", "--filter", "colour=red")
+    assert "colour" in error["message"]
+
+
+def test_eval_reports_every_mode(_cli_kb, tmp_path):
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\tdocs/guide_install.md\t1\n")
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"_id": "q1", "text": "install on linux with apt"}\n')
+    out = cli_json("--store", _cli_kb["store"], "eval", "--qrels", qrels, "--queries", queries,
+                   "--collection", "guides", "--k", "5")
+    modes = {m["mode"]: m for m in out["modes"]}
+    assert set(modes) == {"semantic", "keyword", "hybrid", "hybrid+rerank"}
+    assert modes["keyword"]["ndcg"] > 0 and modes["hybrid+rerank"]["available"] is False
+    human = cli("--store", _cli_kb["store"], "eval", "--qrels", qrels, "--queries", queries, "--collection", "guides")
+    assert human.exit_code == 0 and "unavailable" in human.stdout
+
+
+def test_discover_retrieve_dependencies_commands(tmp_path):
+    knowledge = Path(__file__).parent / "fixtures" / "knowledge"
+    store = tmp_path / "kstore"
+    assert cli("--store", store, "collections", "create", "knowledge").exit_code == 0
+    assert cli("--store", store, "kb", "add-folder", knowledge, "--collection", "knowledge").exit_code == 0
+    out = cli_json("--store", store, "discover", "Add cursor pagination to the orders list endpoint",
+                   "--task-type", "implement")
+    top = out["recommendations"][0]
+    assert top["id"] == "guidelines.api.pagination" and top["reason"] and top["estimated_tokens"] > 0
+    got = cli_json("--store", store, "retrieve", top["id"], "--format", "plain")
+    assert got["nodes"][0]["id"] == top["id"]
+    deps = cli_json("--store", store, "dependencies", "protocols.release.hotfix", "--direction", "upstream")
+    assert deps["node"]["id"] == "protocols.release.hotfix"
+    cli_error(5, "--store", store, "retrieve", "no-such-node")
+    cli_error(6, "--store", store, "discover", "   ")

@@ -86,7 +86,9 @@ def test_cursor_config_ingests_and_queries_through_the_sdk_stdio_client(tmp_path
     assert entry["env"]["RESEARCH_AGENT_ALLOWED_ROOTS"] == str(workspace)
 
     async def body(session: Any) -> dict[str, Any]:
-        assert len((await session.list_tools()).tools) == 7
+        from test_mcp import TOOLS
+
+        assert {t.name for t in (await session.list_tools()).tools} == TOOLS
         await session.call_tool("manage_collections", {"action": "create", "collection_name": "workspace"})
         report = await session.call_tool("ingest_documents", {"path": str(workspace / "guide.md"),
                                                               "collection": "workspace"})

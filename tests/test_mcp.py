@@ -16,7 +16,8 @@ pytestmark = pytest.mark.anyio
 
 TOOLS = {"query_knowledge_base", "manage_collections", "manage_projects", "ingest_documents",
          "augment_knowledge", "manage_documents", "get_status", "check_store", "discover_context",
-         "retrieve_knowledge", "list_knowledge_bases", "search_knowledge", "get_dependencies"}
+         "retrieve_knowledge", "list_knowledge_bases", "search_knowledge", "get_dependencies",
+         "evaluate_retrieval"}
 
 
 @pytest.fixture
@@ -552,3 +553,26 @@ async def test_notes_get_and_store_check_over_mcp(fake_embedder):
         assert error.code == -32003
         report = await call(client, "check_store")
         assert report["healthy"] is True and report["collections"][0]["documents"] == 1
+
+
+async def test_query_filters_budget_and_evaluation_over_mcp(fake_embedder, _mcp_docs):
+    notes_folder = _mcp_docs
+    qrels = Path.cwd() / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\tnotes/retries.md\t1\n")
+    queries = Path.cwd() / "queries.jsonl"
+    queries.write_text('{"_id": "q1", "text": "how many times are failed requests retried"}\n')
+    async with Client(mcp_server.mcp) as client:
+        await call(client, "manage_collections", action="create", collection_name="docs")
+        await call(client, "ingest_documents", path=str(notes_folder), collection="docs", recursive=True)
+        res = await call(client, "query_knowledge_base", query="cached redis", filters={"document": "notes/cache.md"},
+                         max_tokens=5, snippets=True, rerank=False)
+        assert [h["source_document"] for h in res["results"]] == ["notes/cache.md"]
+        error = await call_error(client, "query_knowledge_base", query="x", filters={"colour": "red"})
+        assert error.code == -32004 and "colour" in str(error)
+        report = await call(client, "evaluate_retrieval", collection="docs", queries_file=str(queries),
+                            qrels_file=str(qrels), k=5)
+        modes = {m["mode"]: m for m in report["modes"]}
+        assert modes["keyword"]["ndcg"] == 1.0 and modes["hybrid+rerank"]["available"] is False
+        error = await call_error(client, "evaluate_retrieval", collection="docs", queries_file="/etc/passwd",
+                                 qrels_file=str(qrels))
+        assert error.code == -32003

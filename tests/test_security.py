@@ -291,7 +291,7 @@ def test_stdio_session_of_every_tool_with_real_model_is_pure_json_rpc(tmp_path):
         ]
         extra = {"discover_context": {"task_description": "add retries to the client"},
                  "retrieve_knowledge": {"ids": ["nope"]}, "search_knowledge": {"query": "retry"},
-                 "list_knowledge_bases": {}, "get_dependencies": {"node_id": "nope"}}
+                 "list_knowledge_bases": {}, "get_dependencies": {"node_id": "nope"}, "check_store": {}}
         calls += [(name, args) for name, args in extra.items() if name in tools]
         covered = {name for name, _ in calls}
         outcomes = {}

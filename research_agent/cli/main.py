@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from typer.core import TyperGroup
 
-from research_agent.cli import collections, discover, doctor, kb, projects, query, serve, status
+from research_agent.cli import collections, discover, doctor, eval, kb, projects, query, serve, status
 from research_agent.cli.state import CliState, get_state
 
 log = logging.getLogger("research_agent.cli")
@@ -80,5 +80,6 @@ app.command("status")(status.status)
 app.command("discover")(discover.discover)
 app.command("retrieve")(discover.retrieve)
 app.command("dependencies")(discover.dependencies)
+app.command("eval")(eval.eval_command)
 app.command("doctor")(doctor.doctor)
 app.command("serve")(serve.serve)

@@ -20,7 +20,13 @@ def query(ctx: typer.Context, text: str = typer.Argument(..., metavar="TEXT", he
                                                          help="Text you are working on, to steer the ranking."),
           context_file: Optional[Path] = typer.Option(None, "--context-file", help="Read --document-context from a file."),
           mode: Literal["hybrid", "semantic", "keyword"] = typer.Option("hybrid", "--mode", help="Retrieval mode."),
-          no_rerank: bool = typer.Option(False, "--no-rerank", help="Skip the cross-encoder reranker.")) -> None:
+          no_rerank: bool = typer.Option(False, "--no-rerank", help="Skip the cross-encoder reranker."),
+          filter: list[str] = typer.Option([], "--filter", metavar="KEY=VALUE",
+                                           help="Only chunks whose KEY (content_type, kind, node_type, status, tags, "
+                                                "...) is VALUE; a,b means any of them (repeatable)."),
+          max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Stop adding results at this many tokens."),
+          snippets: bool = typer.Option(False, "--snippets", help="Return the most relevant excerpt of each chunk.")
+          ) -> None:
     """Search the knowledge base."""
     from research_agent.query import query_knowledge
 
@@ -29,7 +35,8 @@ def query(ctx: typer.Context, text: str = typer.Argument(..., metavar="TEXT", he
     state = get_state(ctx)
     context = _context(document_context, context_file)
     result = query_knowledge(state.container(), text, collections=split_names(collections), project=project,
-                             top_k=top_k, document_context=context, mode=mode, rerank=not no_rerank)
+                             top_k=top_k, document_context=context, mode=mode, rerank=not no_rerank,
+                             filters=parse_filters(filter), max_tokens=max_tokens, snippets=snippets)
     render.emit(state, result, render.query_result)
 
 
@@ -46,3 +53,15 @@ def _context(text: str | None, file: Path | None) -> str | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise DocumentError(f"Cannot read {file}: {getattr(exc, 'strerror', None) or exc}",
                             guidance="Pass a readable UTF-8 text file to --context-file.", path=str(file)) from None
+
+
+def parse_filters(items: list[str]) -> dict[str, str | list[str]] | None:
+    """`--filter content_type=code_block --filter kind=note,research` -> the query's filters dict."""
+    out: dict[str, str | list[str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise typer.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--filter'")
+        values = [v.strip() for v in value.split(",") if v.strip()]
+        out[key.strip()] = values if len(values) > 1 else values[0]
+    return out or None
