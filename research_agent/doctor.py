@@ -54,10 +54,14 @@ def _check_collection(c, col: Any, repair: bool, actions: list[str]) -> Collecti
                         if any(cid not in present for cid in chunk_ids(name, m["document"], m["content_hash"],
                                                                        int(m["chunk_count"]))))
     if repair and (orphans or incomplete):
+        # An incomplete document's surviving chunks go too: its manifest is dropped, so the next
+        # ingest adds the file again from scratch.
+        doomed = orphans + [cid for key in incomplete for cid in chunk_ids(
+            name, manifests[key]["document"], manifests[key]["content_hash"], int(manifests[key]["chunk_count"]))
+            if cid in present]
         with c.store.write_lock():
-            for start in range(0, len(orphans), 1000):
-                col.delete(ids=orphans[start:start + 1000])
-            # A manifest whose chunks are gone is dropped, so the next ingest adds the file again.
+            for start in range(0, len(doomed), 1000):
+                col.delete(ids=doomed[start:start + 1000])
             c.store.registry_delete(incomplete)
             c.store.bump_revision(name)
         actions.append(f"{name}: removed {len(orphans)} orphan chunks, {len(incomplete)} incomplete documents "
@@ -92,9 +96,13 @@ def run_doctor(c, repair: bool = False) -> DoctorReport:
                 c.store.registry_delete(stray)
             actions.append(f"removed {len(stray)} records of deleted collections")
         leftovers.append(f"{len(stray)} document records of deleted collections")
+    if repair:
+        # Report the store as it is now, not as it was found.
+        after = run_doctor(c, repair=False)
+        return DoctorReport(healthy=after.healthy, repaired=True, collections=after.collections,
+                            leftovers=after.leftovers, actions=actions)
     healthy = not leftovers and all(not ch.orphan_chunks and not ch.incomplete_documents for ch in checks)
-    return DoctorReport(healthy=healthy or (repair and True), repaired=repair, collections=checks,
-                        leftovers=leftovers, actions=actions)
+    return DoctorReport(healthy=healthy, repaired=False, collections=checks, leftovers=leftovers, actions=actions)
 
 
 __all__ = ["run_doctor", "DoctorReport", "document_key"]

@@ -107,7 +107,12 @@ def check_allowed(path: Path, allowed_roots: list[Path] | None) -> Path:
     raw = str(path)
     if "\x00" in raw:
         raise DocumentError("Path contains a NUL byte", guidance="Pass a plain file or folder path.")
-    resolved = path.expanduser().resolve()
+    try:
+        resolved = path.expanduser().resolve()
+        resolved.exists()  # ENAMETOOLONG and friends surface here, not later
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise DocumentError(f"Unusable path: {getattr(exc, 'strerror', None) or type(exc).__name__}",
+                            guidance="Pass an existing file or folder path.", path=raw[:200]) from None
     if allowed_roots is not None and not any(resolved == r or r in resolved.parents for r in allowed_roots):
         raise DocumentError(
             "Path is outside the allowed roots",
@@ -171,6 +176,17 @@ def iter_folder(folder: Path, *, recursive: bool, include: Iterable[str], exclud
 
 
 # -- preparing --------------------------------------------------------------------------------
+def check_size(c, path: Path) -> None:
+    """Refuse a file over its size limit before reading a byte of it."""
+    from research_agent.parsing import detect_format
+
+    limit_mb = c.settings.max_pdf_mb if detect_format(path) == "pdf" else c.settings.max_file_mb
+    size = path.stat().st_size
+    if size > limit_mb * 1024 * 1024:
+        raise DocumentError(f"{size / 2**20:.1f} MB exceeds the size limit of {limit_mb:g} MB",
+                            guidance="Raise RESEARCH_AGENT_MAX_FILE_MB (MAX_PDF_MB for PDFs) or exclude the file.")
+
+
 def prepare_file(c, path: Path, document: str, *, title: str | None = None, raw: bytes | None = None) -> PreparedDocument:
     """Parse and chunk one file (DocumentError when it cannot be read or is out of limits)."""
     from research_agent.chunking import chunk_document
@@ -259,8 +275,9 @@ def write_documents(c, collection: str, docs: list[PreparedDocument]) -> int:
         old = c.store.registry_get(keys)
         stale = {key: old[key] for key, d in zip(keys, docs) if key in old and old[key]["content_hash"] != d.content_hash}
         # The intent names both versions, so a crash at any step below is undone by the next writer.
-        _write_intent(c, collection, [*stale.values(), *({"document": d.document, "content_hash": d.content_hash,
-                                                          "chunk_count": len(d.chunks)} for d in docs)])
+        intent = _write_intent(c, collection, [*stale.values(), *({"document": d.document,
+                                                                   "content_hash": d.content_hash,
+                                                                   "chunk_count": len(d.chunks)} for d in docs)])
         # 1. new chunks (invisible: no manifest points at their hash yet); 2. flip manifests;
         # 3. drop the old version's chunks. Queries see exactly one version at every moment.
         for start in range(0, len(ids), 1000):
@@ -278,7 +295,7 @@ def write_documents(c, collection: str, docs: list[PreparedDocument]) -> int:
         }
         c.store.registry_put(manifests, "document", collection)
         _delete_chunks(col, _version_ids(collection, stale.values()))
-        _clear_intent(c, collection)
+        _clear_intent(c, intent)
         c.store.bump_revision(collection)
     return len(ids)
 
@@ -292,28 +309,52 @@ def _delete_chunks(col: Any, ids: list[str]) -> None:
         col.delete(ids=ids[start:start + 1000])
 
 
-def _write_intent(c, collection: str, versions: list[dict[str, Any]]) -> None:
-    c.store.registry_put({f"intent:{collection}": {"versions": versions}}, "intent", collection)
+# In server mode writers from other machines run at the same time as this one, so each write keeps
+# its own intent, and only an intent older than this is taken for a crashed writer's.
+STALE_INTENT_SECONDS = 600.0
 
 
-def _clear_intent(c, collection: str) -> None:
-    c.store.registry_delete([f"intent:{collection}"])
+def _write_intent(c, collection: str, versions: list[dict[str, Any]]) -> str:
+    key = f"intent:{collection}:{uuid.uuid4().hex}"
+    c.store.registry_put({key: {"versions": versions, "created": time.time()}}, "intent", collection)
+    return key
 
 
-def recover_interrupted(c, collection: str, col: Any) -> int:
-    """Undo a write that was killed midway (under the write lock): drop chunks no manifest points at."""
-    intent = c.store.registry_get([f"intent:{collection}"]).get(f"intent:{collection}")
-    if not intent:
-        return 0
-    versions = intent["versions"]
-    current = {m["document"]: m["content_hash"]
-               for m in c.store.registry_get([document_key(collection, v["document"]) for v in versions]).values()}
-    orphans = [v for v in versions if current.get(v["document"]) != v["content_hash"]]
-    ids = _version_ids(collection, orphans)
-    _delete_chunks(col, ids)
-    _clear_intent(c, collection)
-    log.warning("recovered an interrupted write to %s: removed %d orphan chunks", collection, len(ids))
-    return len(ids)
+def _clear_intent(c, key: str) -> None:
+    c.store.registry_delete([key])
+
+
+def recover_interrupted(c, collection: str, col: Any, *, min_age: float | None = None) -> int:
+    """Undo writes that were killed midway (under the write lock): drop chunks no manifest points at.
+
+    Embedded stores serialize writers, so every intent found is a dead writer's; on a Chroma server
+    only intents older than `min_age` (default STALE_INTENT_SECONDS) are.
+    """
+    if min_age is None:
+        min_age = STALE_INTENT_SECONDS if c.settings.server_mode else 0.0
+    intents = {k: v for k, v in c.store.registry_find("intent", collection).items()
+               if time.time() - float(v.get("created", 0)) >= min_age}
+    removed = 0
+    for key, intent in intents.items():
+        versions = intent["versions"]
+        current = {m["document"]: m["content_hash"] for m in c.store.registry_get(
+            list(dict.fromkeys(document_key(collection, v["document"]) for v in versions))).values()}
+        orphans = [v for v in versions if current.get(v["document"]) != v["content_hash"]]
+        ids = _version_ids(collection, orphans)
+        _delete_chunks(col, ids)
+        _clear_intent(c, key)
+        removed += len(ids)
+        log.warning("recovered an interrupted write to %s: removed %d orphan chunks", collection, len(ids))
+    return removed
+
+
+def recover_if_needed(c, collection: str) -> None:
+    """Recover a crashed writer's leftovers before new work (cheap when there are none)."""
+    if c.store.registry_find("intent", collection):
+        col = open_collection(c, collection, check_model=False)
+        with c.store.write_lock():
+            if recover_interrupted(c, collection, col):
+                c.store.bump_revision(collection)
 
 
 def _ensure_dimension(col: Any, dimension: int) -> None:
@@ -331,11 +372,11 @@ def delete_documents(c, collection: str, manifests: dict[str, dict[str, Any]]) -
     with c.store.write_lock():
         recover_interrupted(c, collection, col)
         versions = list(manifests.values())
-        _write_intent(c, collection, versions)
+        intent = _write_intent(c, collection, versions)
         c.store.registry_delete(list(manifests))
         ids = _version_ids(collection, versions)
         _delete_chunks(col, ids)
-        _clear_intent(c, collection)
+        _clear_intent(c, intent)
         c.store.bump_revision(collection)
     return len(ids)
 
@@ -351,6 +392,7 @@ def ingest_path(c, path: str | Path, collection: str, *, recursive: bool = False
         raise DocumentError(f"No such file or folder: {path}", guidance="Check the path.", path=str(path)[:200])
     c.store.refresh()
     open_collection(c, collection)  # fail before any work on an unknown collection or model mismatch
+    recover_if_needed(c, collection)
     report = IngestReport(collection=collection)
     if target.is_dir():
         root: Path | None = target
@@ -386,6 +428,7 @@ def ingest_path(c, path: str | Path, collection: str, *, recursive: bool = False
         notify(IngestProgress(stage="reading", files_done=done - 1, files_total=len(files),
                               chunks_done=report.chunks_written, chunks_total=total_chunks, current=document))
         try:
+            check_size(c, file)
             raw = file.read_bytes()
             prev = existing.get(key)
             if prev and prev["content_hash"] == content_hash(raw + (title or "").encode()):
@@ -516,6 +559,7 @@ def get_document_chunks(c, collection: str, document: str) -> DocumentChunks:
 
 def remove_document(c, collection: str, document: str) -> Deleted:
     c.store.refresh()
+    recover_if_needed(c, collection)
     found = find_document(c, collection, document)
     removed = delete_documents(c, collection, found)
     return Deleted(deleted=next(iter(found.values()))["document"], kind="document", chunks_removed=removed)

@@ -47,10 +47,7 @@ def _save(c, rec: dict[str, Any]) -> ProjectInfo:
 def _require_collections(c, names: list[str]) -> list[str]:
     if not names:
         raise CollectionError("No collections given", guidance="Pass --collections a,b.")
-    missing = [n for n in names if not c.store.has_collection(n)]
-    if missing:
-        raise CollectionError(f"Unknown collections: {', '.join(missing)}", missing=missing)
-    return list(dict.fromkeys(names))
+    return c.store.require_collections(names)
 
 
 def create_project(c, name: str, description: str = "") -> ProjectInfo:

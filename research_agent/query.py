@@ -87,10 +87,7 @@ def resolve_collections(c, collections: list[str] | None, project: str | None) -
     """Explicit collections, else the project's defaults, else every collection."""
     if collections:
         names = list(dict.fromkeys(n.strip() for n in collections if n and n.strip()))
-        missing = [n for n in names if not c.store.has_collection(n)]
-        if missing:
-            raise CollectionError(f"Unknown collections: {', '.join(missing)}", missing=missing,
-                                  guidance="Run `research-agent collections list` for the names.")
+        c.store.require_collections(names)
         return names
     if project:
         from research_agent.projects import require_project

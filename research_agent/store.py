@@ -23,6 +23,7 @@ META_COLLECTION = "research-agent-meta"
 RESERVED_PREFIX = "research-agent-"
 _NAME_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9._-]{1,510})[a-zA-Z0-9]$")
 _PAGE = 5000
+MAX_NAMES = 500  # collection names accepted in one call
 
 
 def validate_name(name: str, what: str = "collection") -> str:
@@ -167,6 +168,23 @@ class Store:
             raise CollectionError(f"{name!r} is not a research-agent collection", collection=name)
         return col
 
+    def missing_collections(self, names: list[str]) -> list[str]:
+        """The names that are not research-agent collections, in one listing (lists may be long)."""
+        if len(names) > MAX_NAMES:
+            raise CollectionError(f"{len(names)} collection names given; at most {MAX_NAMES} at once",
+                                  guidance="Pass fewer collections, or group them in a project.")
+        existing = {c.name for c in self.list_collections()}
+        return [n for n in dict.fromkeys(names) if n not in existing]
+
+    def require_collections(self, names: list[str]) -> list[str]:
+        """`names` without repeats, or a CollectionError quoting (a few of) the unknown ones."""
+        missing = self.missing_collections(names)
+        if missing:
+            shown = ", ".join(str(n)[:100] for n in missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+            raise CollectionError(f"Unknown collections: {shown}", missing=missing[:10],
+                                  guidance="Run `research-agent collections list` for the names.")
+        return list(dict.fromkeys(names))
+
     def has_collection(self, name: str) -> bool:
         try:
             self.get_collection(name)
@@ -204,6 +222,7 @@ class Store:
             return self._meta
 
     def registry_get(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        ids = list(dict.fromkeys(ids))  # Chroma refuses repeated ids
         if not ids:
             return {}
         found: dict[str, dict[str, Any]] = {}
@@ -247,12 +266,14 @@ class Store:
     def registry_delete_collection(self, collection: str) -> None:
         self.meta.delete(where={"collection": collection})
 
-    # -- revisions: a per-collection counter that changes on every write ------------------------
-    def revision(self, collection: str) -> int:
+    # -- revisions: a per-collection token that changes on every write ----------------------------
+    def revision(self, collection: str) -> str:
         rec = self.registry_get([f"revision:{collection}"])
-        return int(rec.get(f"revision:{collection}", {}).get("revision", 0))
+        return str(rec.get(f"revision:{collection}", {}).get("revision", "0"))
 
-    def bump_revision(self, collection: str) -> int:
-        rev = self.revision(collection) + 1
+    def bump_revision(self, collection: str) -> str:
+        # A fresh random token, not a counter: two writers on a Chroma server cannot lose a bump
+        # by both reading N and writing N+1. Caches only ever compare it for equality.
+        rev = uuid.uuid4().hex
         self.registry_put({f"revision:{collection}": {"revision": rev}}, "revision", collection)
         return rev

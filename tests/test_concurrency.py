@@ -170,7 +170,7 @@ def snapshot(c, collection: str) -> dict[str, Any]:
         assert emb is not None and all(math.isfinite(float(v)) for v in emb), cid
         assert abs(sum(float(v) ** 2 for v in emb) - 1.0) < 1e-3, f"{cid}: not a unit vector"
     manifests = c.store.registry_find("document", collection)
-    intent = c.store.registry_get([f"intent:{collection}"])
+    intent = c.store.registry_find("intent", collection)
     return {
         "count": col.count(),
         "ids": set(ids),
@@ -352,12 +352,6 @@ def test_long_lived_container_sees_another_process_write_on_its_next_query(tmp_p
 
 # -- four writers through a Chroma server -------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: in server mode Store.write_lock is only a per-process threading lock, yet every writer keeps its "
-    "crash-recovery intent in the one shared record intent:<collection> and runs ingest.recover_interrupted at the "
-    "start of each write: writer B reads writer A's in-flight intent, deletes A's freshly upserted chunks as "
-    "'orphans', then A flips its manifests onto chunks that are gone (all four exit 0; ~250 chunks lost per race). "
-    "Store.bump_revision is a read-modify-write race too (lost revision bumps can leave a keyword index stale)"))
 def test_four_concurrent_writers_through_chroma_server_counts_exact(tmp_path, chroma_server, fake_embedder):
     env = cli_env(None, fake=True, RESEARCH_AGENT_CHROMA_HOST=chroma_server["host"],
                   RESEARCH_AGENT_CHROMA_PORT=str(chroma_server["port"]))

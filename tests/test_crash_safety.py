@@ -120,31 +120,16 @@ def kill_during(argv: list[str], env: dict[str, str], cwd: Path, store: Path, po
     return f"killed after {time.monotonic() - started:.2f} s" if alive else f"finished before the kill (rc {proc.returncode})"
 
 
-BUG_DUPLICATE_KEYS = pytest.mark.xfail(strict=True, reason=(
-    "BUG: ingest.recover_interrupted asks registry_get for the document key of every version in the intent; an "
-    "update's intent names the old and the new version of each changed document, so the keys repeat and Chroma "
-    "raises DuplicateIDError: after a crash mid-update every later write to the collection (and doctor --repair) "
-    "fails with -32000"))
-
 POINTS = [
     pytest.param("fresh", ("time", 1.0), id="fresh-time-1.0s"),
     pytest.param("fresh", ("time", 2.5), id="fresh-time-2.5s"),
     pytest.param("fresh", ("commits", 1.0), id="fresh-after-first-commit"),
     pytest.param("fresh", ("step", "_ensure_dimension:2"), id="fresh-step-chunks-upserted-manifests-not"),
-    pytest.param("update", ("step", "_write_intent:1+"), id="update-step-intent-written",
-                 marks=BUG_DUPLICATE_KEYS),
-    pytest.param("update", ("step", "_ensure_dimension:1"), id="update-step-new-chunks-upserted",
-                 marks=BUG_DUPLICATE_KEYS),
-    pytest.param("update", ("step", "_delete_chunks:1"), id="update-step-manifests-flipped-old-chunks-kept",
-                 marks=BUG_DUPLICATE_KEYS),
-    pytest.param("update", ("step", "_clear_intent:1"), id="update-step-old-chunks-deleted-intent-kept",
-                 marks=BUG_DUPLICATE_KEYS),
-    pytest.param("update", ("step", "prune"), id="update-step-prune-manifests-deleted-chunks-kept",
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "BUG: an interrupted write is only undone inside the next write_documents/delete_documents "
-                     "call (ingest.recover_interrupted); a re-run with nothing new to write (every file unchanged, "
-                     "nothing left to prune) never calls it, so the killed prune's chunks stay as orphans and its "
-                     "intent record stays forever (doctor: unhealthy)"))),
+    pytest.param("update", ("step", "_write_intent:1+"), id="update-step-intent-written"),
+    pytest.param("update", ("step", "_ensure_dimension:1"), id="update-step-new-chunks-upserted"),
+    pytest.param("update", ("step", "_delete_chunks:1"), id="update-step-manifests-flipped-old-chunks-kept"),
+    pytest.param("update", ("step", "_clear_intent:1"), id="update-step-old-chunks-deleted-intent-kept"),
+    pytest.param("update", ("step", "prune"), id="update-step-prune-manifests-deleted-chunks-kept"),
 ]
 
 
@@ -208,15 +193,8 @@ def test_kill_9_mid_ingest_then_rerun_equals_one_uninterrupted_run(tmp_path, tmp
 
 
 # -- doctor --repair on injected damage -----------------------------------------------------------------
-INCOMPLETE_BUG = pytest.mark.xfail(strict=True, reason=(
-    "BUG: doctor._check_collection computes orphans before it drops the manifests of incomplete documents, and "
-    "then deletes only those manifests: the incomplete document's surviving chunks become new orphans that the "
-    "same repair leaves behind (the next `doctor` is unhealthy again), while run_doctor reports healthy=True after "
-    "any repair (`healthy or (repair and True)`). Fix: delete the chunk ids of the dropped manifests too (or "
-    "recompute orphans after dropping them), and report the health found after the repair"))
 
-
-@pytest.mark.parametrize("incomplete", [False, pytest.param(True, marks=INCOMPLETE_BUG)],
+@pytest.mark.parametrize("incomplete", [False, True],
                          ids=["orphans-and-reindex-leftovers", "plus-an-incomplete-document"])
 def test_doctor_repair_fixes_orphans_incomplete_documents_and_interrupted_reindex(tmp_path, fake_embedder,
                                                                                   incomplete):

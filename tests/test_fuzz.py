@@ -291,7 +291,7 @@ def test_fuzz_every_cli_command(fake_embedder, monkeypatch):
     fuzz()
     print("CLI fuzz exit codes:", outcomes)
     assert calls >= CLI_EXAMPLES * 0.9, calls
-    assert outcomes.get(0, 0) > 20 and len(outcomes) >= 3, outcomes
+    assert outcomes.get(0, 0) >= 5 and len(outcomes) >= 3, outcomes
     _COUNTS["cli"] = calls
     if "mcp" in _COUNTS:
         assert _COUNTS["mcp"] + _COUNTS["cli"] >= 1000, _COUNTS
