@@ -150,8 +150,9 @@ class ServerState:
 
         def write() -> None:
             try:
-                record_query(self.container, result.get("query", ""), result.get("collections"),
-                             len(result.get("results", [])), mode=result.get("mode"))
+                with self.container.store.session():
+                    record_query(self.container, result.get("query", ""), result.get("collections"),
+                                 len(result.get("results", [])), mode=result.get("mode"))
             except Exception as exc:
                 log.debug("query history not recorded: %s", exc)
 
@@ -182,6 +183,12 @@ def _dump(result: Any) -> dict[str, Any]:
     return result.model_dump(mode="json") if hasattr(result, "model_dump") else result
 
 
+def _in_session(state: "ServerState", fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Worker-thread side of a tool call: the store may be shared by other calls, never reopened under them."""
+    with state.container.store.session():
+        return fn(*args, **kwargs)
+
+
 async def _run(ctx: Context, tool: str, fn: Callable[..., Any], *args: Any, timed: bool = False,
                job: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
     """Run a synchronous service call in a worker thread under the server's limits and return its dict.
@@ -199,7 +206,8 @@ async def _run(ctx: Context, tool: str, fn: Callable[..., Any], *args: Any, time
         with anyio.move_on_after(limit) as scope:
             async with state.limiter:  # waiting for a free slot counts toward the time limit
                 if job is None:
-                    result = await anyio.to_thread.run_sync(partial(fn, *args, **kwargs), abandon_on_cancel=timed)
+                    result = await anyio.to_thread.run_sync(partial(_in_session, state, fn, *args, **kwargs),
+                                                          abandon_on_cancel=timed)
                 else:
                     result = await _run_job(ctx, state, tool, job, fn, *args, **kwargs)
         if scope.cancelled_caught:
@@ -267,7 +275,7 @@ async def _run_job(ctx: Context, state: ServerState, tool: str, job: dict[str, A
             tg.start_soon(forward)
             try:
                 # Not abandoned on cancel: the request ends only when the worker has stopped writing.
-                result = await anyio.to_thread.run_sync(partial(fn, *args, progress=progress, **kwargs))
+                result = await anyio.to_thread.run_sync(partial(_in_session, state, fn, *args, progress=progress, **kwargs))
             except Exception as exc:
                 error = exc
             finally:
@@ -354,7 +362,8 @@ def _result(tool: str, data: dict[str, Any]) -> ToolResult:
 # -- resources helpers ----------------------------------------------------------------------------------
 def _store_health(c: Container) -> tuple[bool, str | None]:
     try:
-        c.store.client.heartbeat()
+        with c.store.session():
+            c.store.client.heartbeat()
         return True, None
     except Exception as exc:
         from research_agent.errors import as_research_agent_error

@@ -40,15 +40,62 @@ def validate_name(name: str, what: str = "collection") -> str:
     return name
 
 
+class _SharedExclusiveLock:
+    """Many threads use the Chroma client at once (shared); reopening it or writing needs it alone (exclusive)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._owner: int | None = None
+        self._depth = 0
+
+    def acquire_shared(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            while self._owner is not None and self._owner != me:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_shared(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            self._cond.notify_all()
+
+    def acquire_exclusive(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return
+            while self._owner is not None or self._readers > 0:
+                self._cond.wait()
+            self._owner, self._depth = me, 1
+
+    def release_exclusive(self) -> None:
+        with self._cond:
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._cond.notify_all()
+
+
 class Store:
-    """One Chroma client per process; writers take a cross-process lock in embedded mode."""
+    """One Chroma client per process; writers take a cross-process lock in embedded mode.
+
+    Threads (the MCP server's tool calls) use the client inside `session()`. Reopening the client to
+    see another process's writes replaces Chroma's shared system, which breaks any call in flight,
+    so it happens only while no session is active; in-process writes are exclusive too.
+    """
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._client: Any = None
         self._meta: Any = None
         self._generation: str | None = None
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # this process's writers, one at a time
+        self._connect_lock = threading.RLock()  # building the client; never held while waiting for others
+        self._use = _SharedExclusiveLock()
+        self._local = threading.local()
 
     # -- client -----------------------------------------------------------------------------
     @property
@@ -62,7 +109,10 @@ class Store:
 
     @property
     def client(self) -> Any:
-        with self._lock:
+        client = self._client
+        if client is not None:
+            return client
+        with self._connect_lock:
             if self._client is None:
                 self._client = self._connect()
             return self._client
@@ -90,23 +140,45 @@ class Store:
         except OSError as exc:
             raise ConfigError(f"Cannot open the store at {s.store}: {exc.strerror}", guidance="Pass a writable --store PATH.") from None
 
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """Use the client from this thread while others may too; stale state is refreshed first."""
+        self.refresh()
+        self._use.acquire_shared()
+        self._local.shared = getattr(self._local, "shared", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.shared -= 1
+            self._use.release_shared()
+
     def refresh(self) -> None:
         """See writes committed by other processes (Chroma caches one system per path)."""
-        if self.settings.server_mode or self._client is None:
+        if self.settings.server_mode or self._client is None or getattr(self._local, "shared", 0):
+            return  # inside a session the refresh happened on entry
+        if self._read_generation() == self._generation:
             return
-        current = self._read_generation()
-        if current != self._generation:
-            from chromadb.api.shared_system_client import SharedSystemClient
+        self._use.acquire_exclusive()
+        try:
+            self._reopen_if_stale()
+        finally:
+            self._use.release_exclusive()
 
-            with self._lock:
-                log.debug("store changed on disk; reopening the Chroma client")
-                SharedSystemClient.clear_system_cache()
-                self._client = None
-                self._meta = None
-                self._client = self._connect()
+    def _reopen_if_stale(self) -> None:
+        # Called with exclusive use: no other thread is inside a Chroma call.
+        if self._client is None or self._read_generation() == self._generation:
+            return
+        from chromadb.api.shared_system_client import SharedSystemClient
+
+        with self._connect_lock:
+            log.debug("store changed on disk; reopening the Chroma client")
+            SharedSystemClient.clear_system_cache()
+            self._client = None
+            self._meta = None
+            self._client = self._connect()
 
     def close(self) -> None:
-        with self._lock:
+        with self._connect_lock:
             self._client = None
             self._meta = None
 
@@ -128,10 +200,38 @@ class Store:
     @contextmanager
     def write_lock(self) -> Iterator[None]:
         """Serialize writers across processes; readers then see the write via the generation file."""
-        if self.settings.server_mode:
+        held = getattr(self._local, "shared", 0)
+        # Give up this thread's shared use while waiting, so a writer never waits on a thread that
+        # waits on it; the write itself runs with exclusive use of the client.
+        for _ in range(held):
+            self._use.release_shared()
+        self._local.shared = 0
+        try:
             with self._lock:
-                yield
-            return
+                if self.settings.server_mode:
+                    self._use.acquire_exclusive()
+                    try:
+                        yield
+                    finally:
+                        self._use.release_exclusive()
+                    return
+                with self._file_lock():
+                    self._use.acquire_exclusive()
+                    try:
+                        self._reopen_if_stale()
+                        yield
+                    finally:
+                        generation = uuid.uuid4().hex
+                        self._generation_path.write_text(generation)
+                        self._generation = generation
+                        self._use.release_exclusive()
+        finally:
+            for _ in range(held):
+                self._use.acquire_shared()
+            self._local.shared = held
+
+    @contextmanager
+    def _file_lock(self) -> Iterator[None]:
         from filelock import FileLock, Timeout
 
         self.client  # the store folder exists before the lock file is made in it
@@ -145,12 +245,8 @@ class Store:
                 "or use a Chroma server for many writers.",
             ) from None
         try:
-            with self._lock:
-                self.refresh()
-                yield
+            yield
         finally:
-            self._generation = uuid.uuid4().hex
-            self._generation_path.write_text(self._generation)
             lock.release()
 
     # -- Chroma collections -------------------------------------------------------------------
@@ -214,7 +310,10 @@ class Store:
     # -- registry (projects, document manifests, revisions) -------------------------------------
     @property
     def meta(self) -> Any:
-        with self._lock:
+        meta = self._meta
+        if meta is not None:
+            return meta
+        with self._connect_lock:
             if self._meta is None:
                 self._meta = self.client.get_or_create_collection(
                     META_COLLECTION, metadata={"ra_internal": True}, embedding_function=None

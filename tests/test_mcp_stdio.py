@@ -197,7 +197,7 @@ def test_real_models_warm_up_after_the_handshake_and_other_processes_writes_are_
     s = _McpStdioSession(work, env)
     try:
         _initialize(s)
-        assert len(s.request(2, "tools/list")["result"]["tools"]) == 7  # starts the warm-up
+        assert len(s.request(2, "tools/list")["result"]["tools"]) == len(TOOLS)  # starts the warm-up
         _call(s, 3, "manage_collections", action="create", collection_name="shared")
         deadline, status, request_id = time.monotonic() + 120, {}, 10
         while time.monotonic() < deadline:
