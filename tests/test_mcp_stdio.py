@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from test_mcp import TOOLS
+
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,8 +112,7 @@ def test_stdio_handshake_tools_and_json_rpc_errors(_mcp_session):
     handshake = time.monotonic() - started
     # About 1 s on an idle 2-core machine (see benchmarks/handshake.py); torch must not be on this path.
     assert handshake < 15, f"initialize + tools/list took {handshake:.1f} s"
-    assert {t["name"] for t in tools} == {"query_knowledge_base", "manage_collections", "manage_projects",
-                                          "ingest_documents", "augment_knowledge", "manage_documents", "get_status"}
+    assert {t["name"] for t in tools} == TOOLS
 
     created = s.request(3, "tools/call", {"name": "manage_collections",
                                           "arguments": {"action": "create", "collection_name": "wire-test"}})
@@ -137,7 +138,7 @@ def test_stdio_handshake_tools_and_json_rpc_errors(_mcp_session):
     assert unknown["error"]["code"] == -32602 and "query_knowledge_base" in unknown["error"]["data"]["guidance"]
     action = s.request(8, "tools/call", {"name": "manage_documents", "arguments": {"action": "purge",
                                                                                   "collection": "wire-test"}})
-    assert action["error"]["code"] == -32602 and "list, remove, reindex" in action["error"]["data"]["guidance"]
+    assert action["error"]["code"] == -32602 and "list, get, remove, reindex" in action["error"]["data"]["guidance"]
     missing = s.request(9, "tools/call", {"name": "ingest_documents", "arguments": {"path": "/tmp"}})
     assert missing["error"]["code"] == -32602 and "collection" in missing["error"]["message"]
     typed = s.request(10, "tools/call", {"name": "query_knowledge_base", "arguments": {"query": ["a", "list"]}})
