@@ -65,14 +65,15 @@ class Reranker:
             return model
         from sentence_transformers import CrossEncoder
 
-        return CrossEncoder(target, device=self._settings.device)
+        return CrossEncoder(target, device=self._settings.device, max_length=self._settings.rerank_max_length)
 
     def raw_scores(self, query: str, passages: list[str]) -> Any:
         """The model's logits: one per passage, or a row of logits per passage for multi-label models."""
         pairs = [(query, p) for p in passages]
         batch = self._settings.rerank_batch_size
         if self.backend == "flagembedding":
-            scores = self._model.compute_score(pairs, batch_size=batch, normalize=False)
+            scores = self._model.compute_score(pairs, batch_size=batch, max_length=self._settings.rerank_max_length,
+                                               normalize=False)
             return [float(s) for s in (scores if isinstance(scores, list) else [scores])]
         import torch
 

@@ -22,29 +22,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_MODEL = "test-fake-embedder"
+TESTS_DIR = str(Path(__file__).resolve().parent)
 
 # The real CLI, with the deterministic hashing embedder of conftest.FakeEmbedder registered in the loader's
 # cache exactly as the `fake_embedder` fixture does it in-process.
 FAKE_CLI = '''
-import hashlib, math, re, sys
+import sys
+sys.path.insert(0, TESTS_DIR)
+from conftest import FakeEmbedder
 from research_agent import embeddings
-
-class FakeEmbedder:
-    name = "test-fake-embedder"
-    dimension = 64
-
-    def embed_documents(self, texts):
-        out = []
-        for text in texts:
-            vec = [0.0] * self.dimension
-            for word in re.findall(r"\\w+", text.lower()):
-                vec[int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dimension] += 1.0
-            norm = math.sqrt(sum(v * v for v in vec)) or 1.0
-            out.append([v / norm for v in vec])
-        return out
-
-    def embed_query(self, text):
-        return self.embed_documents([text])[0]
 
 embeddings._cache[("sentence-transformers", "test-fake-embedder", "cpu")] = FakeEmbedder()
 
@@ -85,6 +71,7 @@ if kill_at:
 from research_agent.cli.main import app
 app(prog_name="research-agent")
 '''
+FAKE_CLI = FAKE_CLI.replace("TESTS_DIR", repr(TESTS_DIR))
 
 WORDS = ("alpha beta gamma delta retry cache socket timeout vector index chunk parser lock writer reader "
          "manifest embedding backoff queue shard replica").split()

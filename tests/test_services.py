@@ -154,6 +154,7 @@ def test_query_result_shape_with_real_model(container, docs_folder):
 
 def test_real_cross_encoder_reranks(container, docs_folder, tiny_cross_encoder, monkeypatch):
     monkeypatch.setattr(container.settings, "reranker_model", str(tiny_cross_encoder))
+    monkeypatch.setattr(container.settings, "rerank_max_length", 256)
     collections.create_collection(container, "docs")
     ingest.ingest_path(container, docs_folder, "docs", recursive=True)
     res = query.query_knowledge(container, "install on linux", top_k=5)
@@ -161,6 +162,7 @@ def test_real_cross_encoder_reranks(container, docs_folder, tiny_cross_encoder, 
     scores = [h.relevance_score for h in res.results]
     assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores)
     assert all("rerank" in h.metadata["retrieval"] for h in res.results)
+    assert container.reranker._model.max_length == 256
 
 
 def test_flagembedding_reranker_backend_loads_the_same_model(container, tiny_cross_encoder, monkeypatch):
