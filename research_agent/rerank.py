@@ -12,7 +12,7 @@ from research_agent.embeddings import offline_env, quiet_model_libraries, resolv
 
 log = logging.getLogger(__name__)
 
-_cache: dict[tuple[str, str, str], "Reranker"] = {}
+_cache: dict[tuple[str, str, str, int], "Reranker"] = {}
 _cache_lock = threading.Lock()
 
 
@@ -108,7 +108,7 @@ def normalise_scores(raw: Any) -> list[float]:
 
 
 def get_reranker(settings: Settings) -> Reranker:
-    key = (settings.reranker_backend, settings.reranker_model, settings.device)
+    key = (settings.reranker_backend, settings.reranker_model, settings.device, settings.rerank_max_length)
     with _cache_lock:
         if key not in _cache:
             _cache[key] = Reranker(settings)
