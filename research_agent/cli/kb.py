@@ -14,6 +14,10 @@ from research_agent.cli.state import get_state
 app = typer.Typer(help="Add, list, remove and reindex the documents in a collection.", no_args_is_help=True)
 
 COLLECTION = typer.Option(..., "--collection", help="Target collection.")
+# The text of research and notes: exactly one of --content, --file F and `-` (stdin).
+STDIN = typer.Argument(None, metavar="-", help="Read the content from stdin.", show_default=False)
+CONTENT = typer.Option(None, "--content", help="The text (Markdown).")
+CONTENT_FILE = typer.Option(None, "--file", help="Read the text from this file.")
 
 
 @app.command("add-document")
@@ -76,13 +80,12 @@ def _research_text(content: str | None, file: Path | None, stdin: str | None) ->
 
 @app.command("add-research")
 def add_research(ctx: typer.Context,
-                 stdin: Optional[str] = typer.Argument(None, metavar="-", help="Read the content from stdin.",
-                                                       show_default=False),
+                 stdin: Optional[str] = STDIN,
                  collection: str = COLLECTION,
                  source: str = typer.Option(..., "--source", help="Where it came from: URL or citation."),
                  title: Optional[str] = typer.Option(None, "--title", help="Title (default: first heading or source)."),
-                 content: Optional[str] = typer.Option(None, "--content", help="The research text (Markdown)."),
-                 file: Optional[Path] = typer.Option(None, "--file", help="Read the research text from this file.")) -> None:
+                 content: Optional[str] = CONTENT,
+                 file: Optional[Path] = CONTENT_FILE) -> None:
     """Store research findings (Markdown) with their source."""
     from research_agent.augment import add_research as add
 
@@ -124,13 +127,12 @@ def reindex(ctx: typer.Context, collection: str = COLLECTION) -> None:
 
 @app.command("add-note")
 def add_note(ctx: typer.Context,
-             stdin: Optional[str] = typer.Argument(None, metavar="-", help="Read the content from stdin.",
-                                                   show_default=False),
+             stdin: Optional[str] = STDIN,
              collection: str = COLLECTION,
              title: str = typer.Option(..., "--title", help="The note's title."),
              source: Optional[str] = typer.Option(None, "--source", help="Where it came from (default: the note id)."),
-             content: Optional[str] = typer.Option(None, "--content", help="The note text (Markdown)."),
-             file: Optional[Path] = typer.Option(None, "--file", help="Read the note text from this file.")) -> None:
+             content: Optional[str] = CONTENT,
+             file: Optional[Path] = CONTENT_FILE) -> None:
     """Add a note; `kb update-note` replaces it in place later."""
     from research_agent.augment import add_note as add
 
@@ -142,12 +144,11 @@ def add_note(ctx: typer.Context,
 @app.command("update-note")
 def update_note(ctx: typer.Context,
                 document: str = typer.Argument(..., metavar="DOC", help="The note id (see add-note or list-documents)."),
-                stdin: Optional[str] = typer.Argument(None, metavar="-", help="Read the content from stdin.",
-                                                      show_default=False),
+                stdin: Optional[str] = STDIN,
                 collection: str = COLLECTION,
                 title: Optional[str] = typer.Option(None, "--title", help="New title (default: keep)."),
-                content: Optional[str] = typer.Option(None, "--content", help="The new note text (Markdown)."),
-                file: Optional[Path] = typer.Option(None, "--file", help="Read the new text from this file.")) -> None:
+                content: Optional[str] = CONTENT,
+                file: Optional[Path] = CONTENT_FILE) -> None:
     """Replace a note's content in place."""
     from research_agent.augment import update_note as update
 
