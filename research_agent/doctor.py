@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from research_agent.ingest import chunk_ids, document_key, recover_interrupted
+from research_agent.ingest import delete_chunks, recover_interrupted, version_ids
 
 _PAGE = 5000
 
@@ -27,13 +27,12 @@ class DoctorReport(BaseModel):
     actions: list[str]
 
 
-def _chunk_versions(col: Any) -> dict[str, tuple[str, str]]:
-    out: dict[str, tuple[str, str]] = {}
+def _chunk_ids(col: Any) -> set[str]:
+    out: set[str] = set()
     offset = 0
     while True:
-        res = col.get(include=["metadatas"], limit=_PAGE, offset=offset)
-        for cid, meta in zip(res["ids"], res["metadatas"]):
-            out[cid] = (meta.get("source_document", ""), meta.get("content_hash", ""))
+        res = col.get(include=[], limit=_PAGE, offset=offset)
+        out.update(res["ids"])
         if len(res["ids"]) < _PAGE:
             return out
         offset += _PAGE
@@ -46,22 +45,16 @@ def _check_collection(c, col: Any, repair: bool, actions: list[str]) -> Collecti
             if recover_interrupted(c, name, col):
                 actions.append(f"{name}: undid an interrupted write")
     manifests = c.store.registry_find("document", name)
-    expected = {cid for m in manifests.values()
-                for cid in chunk_ids(name, m["document"], m["content_hash"], int(m["chunk_count"]))}
-    present = _chunk_versions(col)
+    expected = set(version_ids(name, manifests.values()))
+    present = _chunk_ids(col)
     orphans = [cid for cid in present if cid not in expected]
-    incomplete = sorted(key for key, m in manifests.items()
-                        if any(cid not in present for cid in chunk_ids(name, m["document"], m["content_hash"],
-                                                                       int(m["chunk_count"]))))
+    incomplete = sorted(key for key, m in manifests.items() if any(cid not in present for cid in version_ids(name, [m])))
     if repair and (orphans or incomplete):
         # An incomplete document's surviving chunks go too: its manifest is dropped, so the next
         # ingest adds the file again from scratch.
-        doomed = orphans + [cid for key in incomplete for cid in chunk_ids(
-            name, manifests[key]["document"], manifests[key]["content_hash"], int(manifests[key]["chunk_count"]))
-            if cid in present]
+        doomed = orphans + [cid for cid in version_ids(name, [manifests[k] for k in incomplete]) if cid in present]
         with c.store.write_lock():
-            for start in range(0, len(doomed), 1000):
-                col.delete(ids=doomed[start:start + 1000])
+            delete_chunks(col, doomed)
             c.store.registry_delete(incomplete)
             c.store.bump_revision(name)
         actions.append(f"{name}: removed {len(orphans)} orphan chunks, {len(incomplete)} incomplete documents "
@@ -105,4 +98,4 @@ def run_doctor(c, repair: bool = False) -> DoctorReport:
     return DoctorReport(healthy=healthy, repaired=False, collections=checks, leftovers=leftovers, actions=actions)
 
 
-__all__ = ["run_doctor", "DoctorReport", "document_key"]
+__all__ = ["run_doctor", "DoctorReport"]

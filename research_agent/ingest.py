@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from pydantic import BaseModel
 
 from research_agent.collections import Deleted, now_iso, open_collection
-from research_agent.errors import DocumentError, ResearchAgentError
+from research_agent.errors import DocumentError
 
 log = logging.getLogger(__name__)
 
@@ -294,17 +294,17 @@ def write_documents(c, collection: str, docs: list[PreparedDocument]) -> int:
             for key, d in zip(keys, docs)
         }
         c.store.registry_put(manifests, "document", collection)
-        _delete_chunks(col, _version_ids(collection, stale.values()))
+        delete_chunks(col, version_ids(collection, stale.values()))
         _clear_intent(c, intent)
         c.store.bump_revision(collection)
     return len(ids)
 
 
-def _version_ids(collection: str, versions: Iterable[dict[str, Any]]) -> list[str]:
+def version_ids(collection: str, versions: Iterable[dict[str, Any]]) -> list[str]:
     return [cid for v in versions for cid in chunk_ids(collection, v["document"], v["content_hash"], int(v["chunk_count"]))]
 
 
-def _delete_chunks(col: Any, ids: list[str]) -> None:
+def delete_chunks(col: Any, ids: list[str]) -> None:
     for start in range(0, len(ids), 1000):
         col.delete(ids=ids[start:start + 1000])
 
@@ -340,8 +340,8 @@ def recover_interrupted(c, collection: str, col: Any, *, min_age: float | None =
         current = {m["document"]: m["content_hash"] for m in c.store.registry_get(
             list(dict.fromkeys(document_key(collection, v["document"]) for v in versions))).values()}
         orphans = [v for v in versions if current.get(v["document"]) != v["content_hash"]]
-        ids = _version_ids(collection, orphans)
-        _delete_chunks(col, ids)
+        ids = version_ids(collection, orphans)
+        delete_chunks(col, ids)
         _clear_intent(c, key)
         removed += len(ids)
         log.warning("recovered an interrupted write to %s: removed %d orphan chunks", collection, len(ids))
@@ -374,8 +374,8 @@ def delete_documents(c, collection: str, manifests: dict[str, dict[str, Any]]) -
         versions = list(manifests.values())
         intent = _write_intent(c, collection, versions)
         c.store.registry_delete(list(manifests))
-        ids = _version_ids(collection, versions)
-        _delete_chunks(col, ids)
+        ids = version_ids(collection, versions)
+        delete_chunks(col, ids)
         _clear_intent(c, intent)
         c.store.bump_revision(collection)
     return len(ids)
@@ -511,20 +511,6 @@ class DocumentContent(BaseModel):
     chunk_count: int
 
 
-def get_document(c, collection: str, document: str) -> DocumentContent:
-    """A document's full text, reassembled from its chunks in order (by document id or file path)."""
-    c.store.refresh()
-    manifest = next(iter(find_document(c, collection, document).values()))
-    col = open_collection(c, collection, check_model=False)
-    ids = chunk_ids(collection, manifest["document"], manifest["content_hash"], int(manifest["chunk_count"]))
-    got = col.get(ids=ids, include=["documents"])
-    by_id = dict(zip(got["ids"], got["documents"]))
-    return DocumentContent(collection=collection, document=manifest["document"], title=manifest["title"],
-                           kind=manifest["kind"], source=manifest["source"], path=manifest.get("path"),
-                           updated_at=manifest["updated_at"], chunk_count=len(ids),
-                           content="\n\n".join(by_id[i] for i in ids if i in by_id))
-
-
 class ChunkView(BaseModel):
     chunk_id: str
     sequence: int
@@ -541,18 +527,32 @@ class DocumentChunks(BaseModel):
     chunks: list[ChunkView]
 
 
-def get_document_chunks(c, collection: str, document: str) -> DocumentChunks:
-    """A document's chunks in order, with their header paths and content types."""
+def _current_chunks(c, collection: str, document: str) -> tuple[dict[str, Any], list[ChunkView]]:
+    """The manifest of `document` (key or file path) and its visible chunks, in document order."""
     c.store.refresh()
     manifest = next(iter(find_document(c, collection, document).values()))
     col = open_collection(c, collection, check_model=False)
-    ids = chunk_ids(collection, manifest["document"], manifest["content_hash"], int(manifest["chunk_count"]))
-    got = col.get(ids=ids, include=["documents", "metadatas"])
+    got = col.get(ids=version_ids(collection, [manifest]), include=["documents", "metadatas"])
     chunks = sorted((ChunkView(chunk_id=cid, sequence=int(meta.get("chunk_sequence_id", 0)),
                                header_path=meta.get("header_path", ""), content_type=meta.get("content_type", ""),
                                content=text)
                      for cid, text, meta in zip(got["ids"], got["documents"], got["metadatas"])),
                     key=lambda ch: ch.sequence)
+    return manifest, chunks
+
+
+def get_document(c, collection: str, document: str) -> DocumentContent:
+    """A document's full text, reassembled from its chunks in order (by document id or file path)."""
+    manifest, chunks = _current_chunks(c, collection, document)
+    return DocumentContent(collection=collection, document=manifest["document"], title=manifest["title"],
+                           kind=manifest["kind"], source=manifest["source"], path=manifest.get("path"),
+                           updated_at=manifest["updated_at"], chunk_count=len(chunks),
+                           content="\n\n".join(ch.content for ch in chunks))
+
+
+def get_document_chunks(c, collection: str, document: str) -> DocumentChunks:
+    """A document's chunks in order, with their header paths and content types."""
+    manifest, chunks = _current_chunks(c, collection, document)
     return DocumentChunks(collection=collection, document=manifest["document"], title=manifest.get("title"),
                           chunk_count=len(chunks), chunks=chunks)
 
@@ -585,7 +585,7 @@ def reindex_collection(c, collection: str, progress: ProgressFn | None = None) -
                                                embedding_function=None)
         try:
             for done, m in enumerate(manifests.values(), start=1):
-                ids = chunk_ids(collection, m["document"], m["content_hash"], int(m["chunk_count"]))
+                ids = version_ids(collection, [m])
                 got = old.get(ids=ids, include=["documents", "metadatas"])
                 if got["ids"]:
                     vecs = embedder.embed_documents([embedding_text(md, t) for md, t in zip(got["metadatas"], got["documents"])])
@@ -606,7 +606,3 @@ def reindex_collection(c, collection: str, progress: ProgressFn | None = None) -
         c.store.bump_revision(collection)
     report.seconds = round(time.perf_counter() - started, 3)
     return report
-
-
-__all__ = ["ingest_path", "list_documents", "remove_document", "reindex_collection", "IngestReport",
-           "IngestProgress", "DocumentList", "DocumentInfo", "ResearchAgentError"]

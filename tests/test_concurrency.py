@@ -48,7 +48,7 @@ if kill_at:
         original_delete_documents = ingest.delete_documents
 
         def delete_documents(*args, **kwargs):
-            ingest._delete_chunks = die
+            ingest.delete_chunks = die
             return original_delete_documents(*args, **kwargs)
 
         ingest.delete_documents = delete_documents

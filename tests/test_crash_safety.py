@@ -127,7 +127,7 @@ POINTS = [
     pytest.param("fresh", ("step", "_ensure_dimension:2"), id="fresh-step-chunks-upserted-manifests-not"),
     pytest.param("update", ("step", "_write_intent:1+"), id="update-step-intent-written"),
     pytest.param("update", ("step", "_ensure_dimension:1"), id="update-step-new-chunks-upserted"),
-    pytest.param("update", ("step", "_delete_chunks:1"), id="update-step-manifests-flipped-old-chunks-kept"),
+    pytest.param("update", ("step", "delete_chunks:1"), id="update-step-manifests-flipped-old-chunks-kept"),
     pytest.param("update", ("step", "_clear_intent:1"), id="update-step-old-chunks-deleted-intent-kept"),
     pytest.param("update", ("step", "prune"), id="update-step-prune-manifests-deleted-chunks-kept"),
 ]
