@@ -8,6 +8,11 @@ See docs/mcp.md for transports, auth, resources, prompts, limits and error codes
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # answer `initialize` while the imports below load (research_agent/mcp_stdio.py)
+    from research_agent.mcp_stdio import start_early
+
+    start_early()
+
 import json
 import logging
 import math
@@ -33,17 +38,13 @@ from research_agent import __version__
 from research_agent.config import Settings, load_settings
 from research_agent.container import Container, build_container, configure_logging
 from research_agent.errors import ResearchAgentError
+from research_agent import mcp_stdio
+from research_agent.mcp_stdio import INSTRUCTIONS, SERVER_NAME
 from research_agent.mcp_errors import (ErrorMappingMiddleware, ToolFailure, call_timeout, invalid_params,
                                        to_tool_failure)
 
 log = logging.getLogger("research_agent.mcp")
 
-INSTRUCTIONS = """\
-research-agent is a local knowledge base of collections of chunked documents (Markdown, code, PDFs, research
-notes). Typical flow: manage_collections(action="list") to see what exists; query_knowledge_base to search;
-ingest_documents to add files; augment_knowledge to save research you found. Errors are JSON-RPC errors with
-data.type and data.guidance: -32602 invalid arguments, -32001 config, -32002 collection, -32003 document,
--32004 query, -32005 time limit exceeded."""
 
 #: Seconds after `initialize` before the models warm up when the client never lists tools.
 WARMUP_DELAY = 1.0
@@ -410,7 +411,7 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
             holder.pop("state", None)
             state.close()
 
-    server = FastMCP("research-agent", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan,
+    server = FastMCP(SERVER_NAME, version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan,
                      middleware=[ErrorMappingMiddleware(), _LifecycleMiddleware(holder)])
     _register_tools(server)
     _register_discovery(server)
@@ -980,6 +981,7 @@ def run(transport: str | None = None, host: str | None = None, port: int | None 
     configure_logging(settings)
     logging.getLogger("fastmcp").setLevel(settings.log_level.upper())
     if settings.transport == "http":
+        mcp_stdio.release()  # a config file or .env chose HTTP after start_early() claimed stdio
         from starlette.middleware import Middleware as ASGIMiddleware
 
         from research_agent.server_auth import AuthMiddleware, check_http_settings
@@ -993,7 +995,7 @@ def run(transport: str | None = None, host: str | None = None, port: int | None 
                    middleware=[ASGIMiddleware(AuthMiddleware, auth_type=auth_type, keys=keys)],
                    uvicorn_config={"log_config": None, "log_level": settings.log_level.lower()})
     else:
-        create_server(settings).run(transport="stdio", show_banner=False)
+        mcp_stdio.serve(create_server(settings))
 
 
 def main() -> None:

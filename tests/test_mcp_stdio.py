@@ -74,7 +74,8 @@ class _McpStdioSession:
         return self.response(request_id)
 
     def stderr(self) -> str:
-        self._stderr.flush()
+        if not self._stderr.closed:
+            self._stderr.flush()
         return self.stderr_path.read_text(errors="replace")
 
     def close(self) -> int:
@@ -174,6 +175,76 @@ def test_importing_the_server_loads_no_heavy_libraries(tmp_path):
     seconds, loaded = proc.stdout.strip().splitlines()
     assert loaded == "[]", f"heavy imports at import time: {loaded}"
     assert float(seconds) < 8
+
+
+@pytest.mark.parametrize("asked, negotiated", [("2024-11-05", "2024-11-05"), ("2025-11-25", "2025-11-25"),
+                                                ("1999-01-01", "2025-11-25")])
+def test_early_initialize_answer_is_the_sdks_own_and_sent_once(tmp_path, asked, negotiated):
+    """The initialize answer comes from research_agent/mcp_stdio.py before FastMCP is imported; the SDK then
+    answers the replayed request too, its answer is compared (a difference is logged) and dropped."""
+    s = _McpStdioSession(tmp_path, {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"})
+    init = s.request(1, "initialize", {"protocolVersion": asked, "capabilities": {"roots": {"listChanged": True}},
+                                       "clientInfo": {"name": "raw-test", "version": "0"}})
+    assert init["result"]["protocolVersion"] == negotiated
+    s.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    assert {t["name"] for t in s.request(2, "tools/list")["result"]["tools"]} == TOOLS
+    assert s.close() == 0
+    assert [json.loads(line).get("id") for line in s.lines] == [1, 2]
+    assert "differs" not in s.stderr(), s.stderr()
+
+
+def test_requests_the_early_answer_does_not_handle_reach_the_sdk(tmp_path):
+    """Invalid initialize params, and a request before initialize, are answered by the SDK, once each."""
+    s = _McpStdioSession(tmp_path, {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"})
+    bad = s.request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})  # no clientInfo
+    assert bad["error"]["code"] == -32602
+    good = s.request(2, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                       "clientInfo": {"name": "raw-test", "version": "0"}})
+    assert good["result"]["serverInfo"]["name"] == "research-agent"
+    assert s.close() == 0
+    assert [json.loads(line).get("id") for line in s.lines] == [1, 2]
+
+    s = _McpStdioSession(tmp_path, {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"})
+    assert s.request(1, "ping")["result"] == {}
+    assert s.close() == 0
+
+
+def test_the_early_handshake_module_imports_only_the_standard_library(tmp_path):
+    code = ("import sys; import research_agent.mcp_stdio; "
+            "print(sorted(m for m in ('pydantic', 'mcp', 'mcp_types', 'fastmcp', 'anyio', 'typer') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_mcp_env(tmp_path), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_http_chosen_by_dotenv_gives_stdio_back(tmp_path):
+    """start_early() claims stdio before the settings are read; a .env that selects HTTP releases it."""
+    from test_mcp_http import free_port
+    import httpx
+
+    port = free_port()
+    (tmp_path / ".env").write_text(f"RESEARCH_AGENT_TRANSPORT=http\nRESEARCH_AGENT_PORT={port}\n")
+    proc = subprocess.Popen([sys.executable, str(SERVER)], cwd=tmp_path,
+                            env={**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                if health.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "no /health within 60 s"
+            time.sleep(0.2)
+        assert health.json()["version"]
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert out == b""
 
 
 def _initialize(s: _McpStdioSession) -> None:

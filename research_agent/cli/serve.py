@@ -15,6 +15,9 @@ def serve(ctx: typer.Context,
           host: Optional[str] = typer.Option(None, "--host", help="HTTP bind address (default from settings: 127.0.0.1)."),
           port: Optional[int] = typer.Option(None, "--port", help="HTTP port (default from settings: 8765).")) -> None:
     """Run the MCP server (stdio by default)."""
+    from research_agent.mcp_stdio import start_early
+
+    start_early(transport)  # answers `initialize` while the server imports
     import mcp_server
 
     state = get_state(ctx)

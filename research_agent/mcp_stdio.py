@@ -1,0 +1,211 @@
+"""The MCP stdio transport, with an `initialize` answered within milliseconds of spawn.
+
+Importing FastMCP and the MCP SDK costs about a second on 2 cores (mostly pydantic models), and MCP
+clients wait for the `initialize` answer before anything else. So `start_early()`, called before those
+imports, claims the wire: it keeps private duplicates of stdin and stdout, points fds 0 and 1 at
+/dev/null and stderr (nothing a library prints can reach the wire), and a thread answers the client's
+`initialize` with the result the SDK would give (`initialize_result`). `serve()` then runs the FastMCP
+server on the claimed streams, replaying that first message to the SDK, so its session state and our
+middleware see the ordinary handshake, and dropping the SDK's duplicate answer (a difference between
+the two is logged; a test keeps them equal).
+
+Only the standard library is imported at module level: this runs before anything heavy.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import threading
+from typing import Any
+
+from research_agent import __version__
+
+log = logging.getLogger("research_agent.mcp")
+
+SERVER_NAME = "research-agent"
+INSTRUCTIONS = """\
+research-agent is a local knowledge base of collections of chunked documents (Markdown, code, PDFs, research
+notes). Typical flow: manage_collections(action="list") to see what exists; query_knowledge_base to search;
+ingest_documents to add files; augment_knowledge to save research you found. Errors are JSON-RPC errors with
+data.type and data.guidance: -32602 invalid arguments, -32001 config, -32002 collection, -32003 document,
+-32004 query, -32005 time limit exceeded."""
+
+#: The protocol revisions the pinned SDK (mcp 2.3.0) negotiates through `initialize`, oldest first; a client
+#: asking for another gets the newest (mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS).
+HANDSHAKE_PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+#: What FastMCP 4.1.2 declares for this server (tools, resources and prompts registered; no subscriptions).
+CAPABILITIES = {"logging": {}, "prompts": {"listChanged": True},
+                "resources": {"subscribe": False, "listChanged": True}, "tools": {"listChanged": True}}
+
+
+def initialize_result(params: Any) -> dict[str, Any] | None:
+    """The SDK's result for these `initialize` params, or None unless they are plainly valid (then the SDK
+    answers, with its own validation errors)."""
+    if not isinstance(params, dict):
+        return None
+    version, client, capabilities = params.get("protocolVersion"), params.get("clientInfo"), params.get("capabilities")
+    if not (isinstance(version, str) and isinstance(capabilities, dict)
+            and all(isinstance(v, dict) for v in capabilities.values())
+            and isinstance(client, dict) and isinstance(client.get("name"), str)
+            and isinstance(client.get("version"), str)):
+        return None
+    return {"protocolVersion": version if version in HANDSHAKE_PROTOCOL_VERSIONS else HANDSHAKE_PROTOCOL_VERSIONS[-1],
+            "capabilities": CAPABILITIES, "serverInfo": {"name": SERVER_NAME, "version": __version__},
+            "instructions": INSTRUCTIONS}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+class Wire:
+    """The claimed stdin/stdout and the first message read from it (answered at once if `initialize`)."""
+
+    def __init__(self) -> None:
+        self.in_fd = _dup_above_std(0)
+        self.out_fd = _dup_above_std(1)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(2, 1)
+        self.reader = os.fdopen(self.in_fd, "rb", closefd=False)
+        self.first_line = b""
+        self.answered: dict[str, Any] | None = None  # the response sent for the first message, if any
+        self._released = False
+        self._thread = threading.Thread(target=self._read_first, name="mcp-handshake", daemon=True)
+        self._thread.start()
+
+    def _read_first(self) -> None:
+        # No imports and no logging here: the main thread is importing at the same time.
+        self.first_line = self.reader.readline()
+        try:
+            message = json.loads(self.first_line)
+        except ValueError:
+            return
+        if not (isinstance(message, dict) and message.get("jsonrpc") == "2.0"
+                and message.get("method") == "initialize" and type(message.get("id")) in (int, str)):
+            return
+        result = initialize_result(message.get("params"))
+        if result is None or self._released:
+            return
+        response = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+        _write_all(self.out_fd, (json.dumps(response, separators=(",", ":")) + "\n").encode())
+        self.answered = response
+
+    def first_message(self) -> str:
+        """Block until the first line has been read (and answered); '' if the client closed stdin first."""
+        self._thread.join()
+        return self.first_line.decode("utf-8", errors="replace")
+
+    def release(self) -> None:
+        """Give fds 0 and 1 back (the HTTP transport does not use them)."""
+        self._released = True
+        os.dup2(self.out_fd, 1)
+        os.dup2(self.in_fd, 0)
+
+
+def _dup_above_std(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+
+
+_early: Wire | None = None
+
+
+def start_early(transport: str | None = None) -> None:
+    """Claim the wire and answer `initialize` in the background, unless the transport is known to be HTTP.
+
+    `transport` is the explicit choice (a flag), if any; RESEARCH_AGENT_TRANSPORT is checked too. When the
+    settings later turn out to select HTTP (a config file, .env), `release()` undoes this.
+    """
+    global _early
+    if _early is not None or (transport or os.environ.get("RESEARCH_AGENT_TRANSPORT", "stdio")).lower() == "http":
+        return
+    try:
+        _early = Wire()
+    except OSError:  # no stdin/stdout to claim (closed descriptors): serve() claims them or fails itself
+        _early = None
+
+
+def release() -> None:
+    """The server will not use stdio: restore fds 0 and 1 if `start_early` claimed them."""
+    global _early
+    if _early is not None:
+        _early.release()
+        _early = None
+
+
+class _ReplayStdin:
+    """The SDK's stdin: the first message again, then the rest of the stream."""
+
+    def __init__(self, first: str, rest: Any) -> None:
+        self._first, self._rest = first, rest
+
+    def __aiter__(self) -> Any:
+        return self._lines()
+
+    async def _lines(self) -> Any:
+        yield self._first
+        async for line in self._rest:
+            yield line
+
+
+class _DedupStdout:
+    """The SDK's stdout, minus its answer to the `initialize` that the early thread already answered."""
+
+    def __init__(self, out: Any, answered: dict[str, Any] | None) -> None:
+        self._out, self._answered = out, answered
+
+    async def write(self, data: str) -> None:
+        if self._answered is not None:
+            try:
+                message = json.loads(data)
+            except ValueError:
+                message = None
+            if isinstance(message, dict) and message.get("id") == self._answered["id"] and "method" not in message:
+                sent, self._answered = self._answered, None
+                if message != sent:
+                    log.warning("early initialize answer differs from the SDK's: sent %s, SDK %s", sent, message)
+                return
+        await self._out.write(data)
+
+    async def flush(self) -> None:
+        await self._out.flush()
+
+
+def serve(server: Any) -> None:
+    """Run a FastMCP server over stdio until the client closes stdin (what `FastMCP.run("stdio")` does, on
+    the wire `start_early` claimed, or claimed now)."""
+    global _early
+    wire, _early = _early or Wire(), None
+    import anyio
+
+    anyio.run(_serve, server, wire)
+
+
+async def _serve(server: Any, wire: Wire) -> None:
+    import anyio
+    from fastmcp.server.context import reset_transport, set_transport
+    from mcp.server.stdio import stdio_server
+
+    token = set_transport("stdio")
+    try:
+        # FastMCP.run_stdio_async (fastmcp 4.1.2) with our streams: it offers no parameter for them.
+        async with server._lifespan_manager():
+            first = await anyio.to_thread.run_sync(wire.first_message, abandon_on_cancel=True)
+            if not first:
+                return
+            stdin = _ReplayStdin(first, anyio.wrap_file(io.TextIOWrapper(wire.reader, encoding="utf-8",
+                                                                         errors="replace")))
+            stdout = _DedupStdout(anyio.wrap_file(io.TextIOWrapper(os.fdopen(wire.out_fd, "wb", closefd=False),
+                                                                   encoding="utf-8")), wire.answered)
+            async with stdio_server(stdin, stdout) as (read_stream, write_stream):
+                await server._mcp_server.run(read_stream, write_stream,
+                                             server._mcp_server.create_initialization_options())
+    finally:
+        reset_transport(token)
