@@ -7,7 +7,8 @@ built its store, cycled with a numbered title to reach the count and reusing tha
 vectors (a repeat carries its original's vector); else generated text embedded with the real model.
 The store is cached under benchmarks/.cache/latency/. Reranking uses a cross-encoder built like the tests' fixture:
 the packaged MiniLM-L6 backbone with a random one-logit head, the same size as ms-marco-MiniLM-L6-v2,
-so its latency is representative though its scores are meaningless. Also reports the keyword index
+so its latency is representative though its scores are meaningless; it is timed with the default passage
+window and precision and with whole chunks and float32. Also reports the keyword index
 build time (the cost a fresh process pays on its first query, and after every write).
 """
 
@@ -163,22 +164,15 @@ def main() -> int:
         run(mode, mode=mode, rerank=False)
     model = build_tiny_cross_encoder(ROOT / "benchmarks" / ".cache" / "tiny-cross-encoder")
     c.settings.reranker_model = str(model)
-    run(f"hybrid+rerank({args.rerank_candidates})", mode="hybrid", rerank=True)
-    # The collection's chunks are ~150 tokens; a cross-encoder's cost grows with length, so also time
-    # the reranker alone on passages of the full chunk size (350 tokens).
-    from research_agent.chunking import estimate_tokens
-
-    long_passages = [" ".join((ch.text + " ") * 4).split()[:260] for ch in sample[:args.rerank_candidates]]
-    long_passages = [" ".join(p) for p in long_passages]
-    c.reranker.score(queries[0], long_passages)
-    times = []
-    for q in queries[:20]:
-        started = time.perf_counter()
-        c.reranker.score(q, long_passages)
-        times.append((time.perf_counter() - started) * 1000)
-    label = f"rerank only, {len(long_passages)} x ~{statistics.mean(estimate_tokens(p) for p in long_passages):.0f} tokens"
-    results[label] = {"p50_ms": round(pct(times, 50), 1), "p95_ms": round(pct(times, 95), 1)}
-    log(f"{label}: {results[label]}")
+    # The default (query-centred window, precision auto) against whole chunks and float32: the cross-encoder's
+    # cost grows with the tokens it reads, and bfloat16 halves it on CPUs that compute it natively.
+    window = c.settings.rerank_passage_tokens
+    for tokens, precision in ((window, "auto"), (window, "float32"), (0, "auto"), (0, "float32")):
+        c.settings.rerank_passage_tokens, c.settings.rerank_precision = tokens, precision
+        label = f"hybrid+rerank({args.rerank_candidates}), {f'{tokens}-token window' if tokens else 'whole chunks'}"
+        run(label, mode="hybrid", rerank=True)
+        results[f"{label}, {c.reranker.precision}"] = results.pop(label)
+    c.settings.rerank_passage_tokens, c.settings.rerank_precision = window, "auto"
 
     out = {"chunks": n_chunks, "queries": args.queries, "cpus": os.cpu_count(),
            "keyword_index": {"fetch_s": round(fetch_s, 2), "build_s": round(build_s, 2)}, "latency": results}

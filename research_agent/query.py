@@ -353,10 +353,11 @@ _PIECE = re.compile(r"\S+")
 _EDGE = re.compile(r"^\W+|\W+$")
 
 
-def snippet(text: str, query: str, max_tokens: int = 60) -> str:
+def snippet(text: str, query: str, max_tokens: int = 60, marks: bool = True) -> str:
     """The window of about `max_tokens` tokens of `text` that holds the most distinct query terms.
 
-    Ties go to the earlier window; a cut is marked with an ellipsis. Text within the budget is returned whole.
+    Ties go to the earlier window; a cut is marked with an ellipsis unless `marks` is False. Text within the
+    budget is returned whole.
     """
     from research_agent.chunking import estimate_tokens
     from research_agent.keyword import _stemmer, words
@@ -386,7 +387,18 @@ def snippet(text: str, query: str, max_tokens: int = 60) -> str:
                 del counts[stems[i]]
     i, j = best
     out = text[pieces[i][0]:pieces[j - 1][1]]
+    if not marks:
+        return out
     return ("… " if i > 0 else "") + out + (" …" if j < len(pieces) else "")
+
+
+def rerank_passage(text: str, query: str, max_tokens: int) -> str:
+    """What the cross-encoder reads of a chunk: its query-centred window of `max_tokens` (0: all of it).
+
+    A cross-encoder's cost grows with the pair's length, and the MS MARCO models were trained on passages of
+    about 100 tokens; the window holds the most query terms, so the passage keeps the evidence it has.
+    """
+    return snippet(text, query, max_tokens, marks=False) if max_tokens > 0 else text
 
 
 # -- refinement --------------------------------------------------------------------------------------
@@ -515,7 +527,7 @@ def query_knowledge(c, query: str, *, collections: list[str] | None = None, proj
     pool = fused[:n_rerank] if use_rerank else fused[:top_k]
     if use_rerank and pool:
         t = time.perf_counter()
-        scores = c.reranker.score(query, [cand.text for cand in pool])
+        scores = c.reranker.score(query, [rerank_passage(cand.text, query, s.rerank_passage_tokens) for cand in pool])
         timings["rerank"] = (time.perf_counter() - t) * 1000
         if scores is None:
             warnings.append(f"Not reranked: reranker {s.reranker_model!r} is unavailable "

@@ -12,7 +12,7 @@ from research_agent.embeddings import offline_env, quiet_model_libraries, resolv
 
 log = logging.getLogger(__name__)
 
-_cache: dict[tuple[str, str, str, int], "Reranker"] = {}
+_cache: dict[tuple[str, str, str, int, str], "Reranker"] = {}
 _cache_lock = threading.Lock()
 
 
@@ -30,6 +30,7 @@ class Reranker:
         self._model: Any = None
         self.available: bool | None = None  # None: not tried yet
         self.error: str | None = None
+        self.precision: str | None = None  # float32 | bfloat16, decided when the model loads
         self._lock = threading.Lock()
 
     @property
@@ -45,6 +46,7 @@ class Reranker:
                 offline_env(offline)
                 quiet_model_libraries()
                 self._model = self._load(target)
+                self.precision = resolve_precision(self._settings.rerank_precision, self._settings.device)
                 self.available = True
             except Exception as exc:
                 log.info("reranker %s unavailable: %s", self.model_name, exc)
@@ -69,16 +71,20 @@ class Reranker:
 
     def raw_scores(self, query: str, passages: list[str]) -> Any:
         """The model's logits: one per passage, or a row of logits per passage for multi-label models."""
-        pairs = [(query, p) for p in passages]
-        batch = self._settings.rerank_batch_size
-        if self.backend == "flagembedding":
-            scores = self._model.compute_score(pairs, batch_size=batch, max_length=self._settings.rerank_max_length,
-                                               normalize=False)
-            return [float(s) for s in (scores if isinstance(scores, list) else [scores])]
         import torch
 
-        out = self._model.predict(pairs, batch_size=batch, activation_fn=torch.nn.Identity(), show_progress_bar=False)
-        return out.tolist() if hasattr(out, "tolist") else list(out)
+        pairs = [(query, p) for p in passages]
+        batch = self._settings.rerank_batch_size
+        with torch.autocast(self._settings.device.split(":")[0], dtype=torch.bfloat16,
+                            enabled=self.precision == "bfloat16"):
+            if self.backend == "flagembedding":
+                scores = self._model.compute_score(pairs, batch_size=batch,
+                                                   max_length=self._settings.rerank_max_length, normalize=False)
+                return [float(s) for s in (scores if isinstance(scores, list) else [scores])]
+            out = self._model.predict(pairs, batch_size=batch, activation_fn=torch.nn.Identity(),
+                                      show_progress_bar=False)
+        return [[float(v) for v in row] if isinstance(row, list) else float(row)
+                for row in (out.tolist() if hasattr(out, "tolist") else list(out))]
 
     def score(self, query: str, passages: list[str]) -> list[float] | None:
         """Relevance in 0..1 for each passage, or None if unavailable.
@@ -90,6 +96,21 @@ class Reranker:
         if not passages or not self.load():
             return None
         return normalise_scores(self.raw_scores(query, passages))
+
+
+def resolve_precision(setting: str, device: str) -> str:
+    """`auto` is bfloat16 on a CPU that computes it natively (AVX512-BF16 or AMX: about 2x faster than float32,
+    scores within about 1e-2, order kept), float32 elsewhere; an explicit float32 or bfloat16 is kept."""
+    if setting != "auto":
+        return setting
+    if device != "cpu":
+        return "float32"
+    import torch
+
+    try:
+        return "bfloat16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "float32"
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN
+        return "float32"
 
 
 def normalise_scores(raw: Any) -> list[float]:
@@ -108,7 +129,8 @@ def normalise_scores(raw: Any) -> list[float]:
 
 
 def get_reranker(settings: Settings) -> Reranker:
-    key = (settings.reranker_backend, settings.reranker_model, settings.device, settings.rerank_max_length)
+    key = (settings.reranker_backend, settings.reranker_model, settings.device, settings.rerank_max_length,
+           settings.rerank_precision)
     with _cache_lock:
         if key not in _cache:
             _cache[key] = Reranker(settings)

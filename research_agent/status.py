@@ -21,6 +21,7 @@ class StatusReport(BaseModel):
     reranker_loaded: bool
     reranker_available: bool | None
     reranker_error: str | None
+    reranker_precision: str | None = None  # float32 | bfloat16 once loaded (rerank_precision=auto decides)
     device: str
     collections: int = 0
     documents: int = 0
@@ -48,7 +49,7 @@ def get_status(c, check_reranker: bool = False) -> StatusReport:
         version=__version__, store_kind=c.store.kind, store_location=c.store.location, store_reachable=True,
         embedding_model=s.embedding_model, embedding_backend=s.embedding_backend, embedding_loaded=c.embedder_loaded,
         reranker_model=s.reranker_model, reranker_backend=s.reranker_backend, reranker_loaded=rr.loaded,
-        reranker_available=available, reranker_error=error, device=s.device,
+        reranker_available=available, reranker_error=error, reranker_precision=rr.precision, device=s.device,
     )
     try:
         c.store.refresh()

@@ -333,3 +333,48 @@ def test_rerank_candidate_count_is_configurable(kb, tiny_cross_encoder, monkeypa
     assert res.reranked and seen == [3] and len(res.results) == 2
     scores = [h.relevance_score for h in res.results]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_reranker_reads_the_query_centred_window_of_each_candidate(kb, tiny_cross_encoder, monkeypatch):
+    from research_agent.chunking import estimate_tokens
+    from research_agent.rerank import get_reranker
+
+    monkeypatch.setattr(kb.settings, "reranker_model", str(tiny_cross_encoder))
+    seen: list[list[str]] = []
+    real = get_reranker(kb.settings).score
+    monkeypatch.setattr(type(get_reranker(kb.settings)), "score",
+                        lambda self, q, passages: seen.append(list(passages)) or real(q, passages))
+    monkeypatch.setattr(kb.settings, "rerank_passage_tokens", 24)
+    res = query.query_knowledge(kb, "cache embeddings", top_k=5, per_document_cap=0)
+    assert res.reranked
+    full = {h.content for h in res.results}
+    windows = seen[-1]
+    assert all(estimate_tokens(w) <= 24 for w in windows)
+    cut = [w for w in windows if w not in full]
+    assert cut, "no candidate was longer than the window"
+    assert all("…" not in w for w in windows)
+    assert any(("cache" in w.lower() or "embedding" in w.lower()) for w in cut)
+
+    monkeypatch.setattr(kb.settings, "rerank_passage_tokens", 0)  # whole chunks
+    res = query.query_knowledge(kb, "cache embeddings", top_k=5, per_document_cap=0)
+    assert {h.content for h in res.results} <= set(seen[-1])
+
+
+def test_rerank_precision_bfloat16_keeps_scores_and_order(container, tiny_cross_encoder, monkeypatch):
+    from research_agent.rerank import get_reranker, resolve_precision
+
+    assert resolve_precision("float32", "cpu") == "float32" and resolve_precision("bfloat16", "cpu") == "bfloat16"
+    assert resolve_precision("auto", "cuda") == "float32"
+    assert resolve_precision("auto", "cpu") in ("float32", "bfloat16")
+    monkeypatch.setattr(container.settings, "reranker_model", str(tiny_cross_encoder))
+    passages = ["apt install on linux with the package manager", "a poem about the sea", "pip install research",
+                "configure the server port and host", "linux kernel modules install guide"]
+    monkeypatch.setattr(container.settings, "rerank_precision", "float32")
+    fp32 = get_reranker(container.settings)
+    exact = fp32.score("install linux", passages)
+    assert fp32.precision == "float32"
+    monkeypatch.setattr(container.settings, "rerank_precision", "bfloat16")
+    bf16 = get_reranker(container.settings)
+    approx = bf16.score("install linux", passages)
+    assert bf16 is not fp32 and bf16.precision == "bfloat16"
+    assert approx == pytest.approx(exact, abs=0.02)

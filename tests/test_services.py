@@ -163,6 +163,7 @@ def test_real_cross_encoder_reranks(container, docs_folder, tiny_cross_encoder, 
     assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores)
     assert all("rerank" in h.metadata["retrieval"] for h in res.results)
     assert container.reranker._model.max_length == 256
+    assert status.get_status(container).reranker_precision in ("float32", "bfloat16")
 
 
 def test_flagembedding_reranker_backend_loads_the_same_model(container, tiny_cross_encoder, monkeypatch):

@@ -196,7 +196,7 @@ def status_report(console: Console, s: Any) -> None:
     if s.reranker_available is None:
         reranker = "not loaded yet (use --check-reranker to try it)"
     elif s.reranker_available:
-        reranker = "available"
+        reranker = "available" + (f", {s.reranker_precision}" if s.reranker_precision else "")
     else:
         reranker = f"UNAVAILABLE: {s.reranker_error} (queries are not reranked)"
     store = s.store_location + ("" if s.store_reachable else f"  UNREACHABLE: {s.store_error}")
