@@ -109,8 +109,10 @@ class Wire:
 
 
 def _dup_above_std(fd: int) -> int:
-    import fcntl
-
+    try:
+        import fcntl
+    except ImportError:  # Windows: fds 0-2 are open, so a duplicate lands above them
+        return os.dup(fd)
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
 
 

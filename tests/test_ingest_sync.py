@@ -89,7 +89,8 @@ def test_watch_picks_up_create_modify_delete(container, fake_embedder, tmp_path)
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
-def test_cli_watch_exits_cleanly_on_ctrl_c(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_cli_watch_exits_cleanly_on_ctrl_c(tmp_path, signum):
     folder = Path.cwd() / "w"
     folder.mkdir()
     (folder / "a.md").write_text("# A\n\nalpha\n")
@@ -99,10 +100,10 @@ def test_cli_watch_exits_cleanly_on_ctrl_c(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = json.loads(proc.stdout.readline())  # the initial sync's report
     assert first["added"] == 1
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "stopped watching" in err
 
 
 def test_path_escapes_are_refused(container, fake_embedder, tmp_path):

@@ -175,14 +175,31 @@ def watch(ctx: typer.Context, path: Path = typer.Argument(..., metavar="PATH", h
           include: list[str] = typer.Option([], "--include", metavar="GLOB", help="Only files matching this glob."),
           exclude: list[str] = typer.Option([], "--exclude", metavar="GLOB", help="Skip files matching this glob."),
           debounce: float = typer.Option(1.0, "--debounce", help="Seconds of quiet before a sync.")) -> None:
-    """Keep a collection in sync with a folder until Ctrl-C (created, changed and deleted files)."""
+    """Keep a collection in sync with a folder until Ctrl-C or SIGTERM (created, changed and deleted files)."""
+    import signal
+    import threading
+
     from research_agent.watch import watch_folder
 
     if not path.is_dir():
         raise typer.BadParameter(f"{path} is not a folder", param_hint="'PATH'")
     state = get_state(ctx)
+    # The first Ctrl-C (or SIGTERM) stops the watch after the sync in progress, if any; a second one interrupts
+    # at once. A KeyboardInterrupt raised at an arbitrary point (inside a lock's `with`, say) can hang the exit.
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         watch_folder(state.container(), path, collection, recursive=recursive, include=include, exclude=exclude,
-                     debounce=debounce, on_sync=lambda report: render.emit(state, report, render.ingest_report))
+                     debounce=debounce, on_sync=lambda report: render.emit(state, report, render.ingest_report),
+                     stop=stop)
     except KeyboardInterrupt:
-        render.stderr().print("stopped watching")
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    render.stderr().print("stopped watching")
