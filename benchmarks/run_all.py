@@ -120,6 +120,7 @@ def server_rss() -> list[tuple[str, str]]:
             s.request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
                                         "clientInfo": {"name": "bench", "version": "0"}})
             s.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            s.request(5, "tools/list")  # initialize is answered before the server has imported FastMCP
             rss_idle = _rss_mb(s.proc.pid)
             s.request(2, "tools/call", {"name": "manage_collections", "arguments": {"action": "create",
                                                                                     "collection_name": "bench"}})
