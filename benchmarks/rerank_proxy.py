@@ -94,6 +94,9 @@ def boot_ci(deltas, n=2000, seed=0):
 
 
 def main():
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help; no options
     torch.manual_seed(0)
     if not STORE.is_dir():
         source = ROOT / "benchmarks" / ".cache" / "scifact" / "all-MiniLM-L6-v2"

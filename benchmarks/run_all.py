@@ -3,6 +3,7 @@
     python benchmarks/run_all.py            # everything (query latency at 10k and 100k chunks: slow)
     python benchmarks/run_all.py --quick    # smaller sizes, for a smoke run
     python benchmarks/run_all.py --only ingest,handshake
+    python benchmarks/run_all.py --only rerank_proxy   # the reranking quality study (~25 min), never by default
 
 Each script runs in its own process with `--json` when it supports it (its JSON is flattened into rows);
 otherwise its last stdout lines are quoted. Added here: the RSS of an MCP server process with the embedding
@@ -63,8 +64,11 @@ def flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 def run_script(name: str, args: list[str], timeout: float) -> tuple[list[tuple[str, str]], str]:
     script = HERE / f"{name}.py"
-    help_text = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=ROOT,
-                               timeout=120).stdout
+    try:
+        help_text = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=ROOT,
+                                   timeout=120).stdout
+    except subprocess.TimeoutExpired:
+        return [("status", "no --help within 120 s")], "failed"
     use_json = "--json" in help_text
     argv = [sys.executable, str(script), *args, *(["--json"] if use_json else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -152,7 +156,10 @@ def main() -> None:
     args = ap.parse_args()
 
     plan: list[tuple[str, str, list[str]]] = []  # (label, script, args)
+    # rerank_proxy is a 25-minute quality study, not a speed figure: run it by name (--only rerank_proxy).
     scripts = sorted(p.stem for p in HERE.glob("*.py") if p.stem not in ("run_all", "__init__"))
+    if not (args.only and "rerank_proxy" in args.only):
+        scripts.remove("rerank_proxy")
     for name in scripts:
         if name == "query_latency":
             for chunks in ((2000,) if args.quick else (10_000, 100_000)):

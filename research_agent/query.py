@@ -445,10 +445,9 @@ def _suggestions(query: str, hits: list[QueryHit], limit: int = 3) -> list[str]:
         for st, boost in seen.items():
             weight[st] += boost
     need = 2 if len(top) > 1 else 1
-    hits_with: Counter[str] = Counter()
-    for st in weight:
-        hits_with[st] = sum(1 for h in top if st in {stemmer.stemWord(w.lower()) for w in _WORD.findall(
-            f"{h.metadata.get('document_title', '')} {h.header_path} {h.content}")})
+    stems_of = [set(stemmer.stemWords([w.lower() for w in _WORD.findall(
+        f"{h.metadata.get('document_title', '')} {h.header_path} {h.content}")])) for h in top]
+    hits_with = Counter({st: sum(1 for stems in stems_of if st in stems) for st in weight})
     ranked = sorted((st for st in weight if hits_with[st] >= need), key=lambda st: (-weight[st], st))
     return [f"{query} {surface[st].most_common(1)[0][0]}" for st in ranked[:limit]]
 
