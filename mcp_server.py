@@ -34,17 +34,14 @@ from fastmcp.server.middleware import Middleware, MiddlewareContext
 from fastmcp.tools import ToolResult
 from pydantic import Field
 
-from research_agent import __version__
+from research_agent import __version__, mcp_stdio
 from research_agent.config import Settings, load_settings
 from research_agent.container import Container, build_container, configure_logging
 from research_agent.errors import ResearchAgentError
-from research_agent import mcp_stdio
-from research_agent.mcp_stdio import INSTRUCTIONS, SERVER_NAME
 from research_agent.mcp_errors import (ErrorMappingMiddleware, ToolFailure, call_timeout, invalid_params,
                                        to_tool_failure)
 
 log = logging.getLogger("research_agent.mcp")
-
 
 #: Seconds after `initialize` before the models warm up when the client never lists tools.
 WARMUP_DELAY = 1.0
@@ -411,8 +408,8 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
             holder.pop("state", None)
             state.close()
 
-    server = FastMCP(SERVER_NAME, version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan,
-                     middleware=[ErrorMappingMiddleware(), _LifecycleMiddleware(holder)])
+    server = FastMCP(mcp_stdio.SERVER_NAME, version=__version__, instructions=mcp_stdio.INSTRUCTIONS,
+                     lifespan=lifespan, middleware=[ErrorMappingMiddleware(), _LifecycleMiddleware(holder)])
     _register_tools(server)
     _register_discovery(server)
     _register_resources(server)

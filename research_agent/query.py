@@ -526,7 +526,9 @@ def query_knowledge(c, query: str, *, collections: list[str] | None = None, proj
     pool = fused[:n_rerank] if use_rerank else fused[:top_k]
     if use_rerank and pool:
         t = time.perf_counter()
-        scores = c.reranker.score(query, [rerank_passage(cand.text, query, s.rerank_passage_tokens) for cand in pool])
+        # Windows only for a reranker that loads: offline, the default one never does.
+        scores = (c.reranker.score(query, [rerank_passage(cand.text, query, s.rerank_passage_tokens) for cand in pool])
+                  if c.reranker.load() else None)
         timings["rerank"] = (time.perf_counter() - t) * 1000
         if scores is None:
             warnings.append(f"Not reranked: reranker {s.reranker_model!r} is unavailable "
