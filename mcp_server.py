@@ -573,7 +573,8 @@ def _register_tools(mcp: FastMCP) -> None:
                                                "Absolute paths are safest.")],
         collection: CollectionName,
         ctx: Context,
-        recursive: Annotated[bool, Field(description="Folders: include subfolders.")] = False,
+        recursive: Annotated[bool, Field(description="Folders: include subfolders (default true, as the CLI's "
+                                                     "kb add-folder; false for the top level only).")] = True,
         include: Annotated[list[str] | None, Field(description="Folders: only files matching these globs, e.g. "
                                                                "['*.md', 'docs/**/*.py'].")] = None,
         exclude: Annotated[list[str] | None, Field(description="Folders: skip files or folders matching these globs "
@@ -966,7 +967,7 @@ def run(transport: str | None = None, host: str | None = None, port: int | None 
         config_file: Path | str | None = None, settings_overrides: dict[str, Any] | None = None) -> None:
     """Run the server until the client disconnects (stdio) or the process is stopped (http).
 
-    Arguments left None come from the settings (CLI flag > env > .env > config file > defaults).
+    Arguments left None come from the settings (docs/configuration.md); a file never chooses the transport.
     Raises ResearchAgentError (a ConfigError) when the settings are invalid or would expose the store.
     """
     for key, value in _QUIET_ENV.items():
@@ -978,21 +979,38 @@ def run(transport: str | None = None, host: str | None = None, port: int | None 
     configure_logging(settings)
     logging.getLogger("fastmcp").setLevel(settings.log_level.upper())
     if settings.transport == "http":
-        mcp_stdio.release()  # a config file or .env chose HTTP after start_early() claimed stdio
-        from starlette.middleware import Middleware as ASGIMiddleware
-
-        from research_agent.server_auth import AuthMiddleware, check_http_settings
-
-        auth_type, keys = check_http_settings(settings)
-        server = create_server(settings)
-        log.warning("research-agent MCP server on http://%s:%s/mcp (auth: %s)", settings.host, settings.port,
-                    auth_type)
-        # log_config=None: uvicorn logs through our stderr logging instead of printing access lines on stdout.
-        server.run(transport="http", host=settings.host, port=settings.port, path="/mcp", show_banner=False,
-                   middleware=[ASGIMiddleware(AuthMiddleware, auth_type=auth_type, keys=keys)],
-                   uvicorn_config={"log_config": None, "log_level": settings.log_level.lower()})
+        mcp_stdio.release()  # an explicit HTTP choice after start_early() claimed stdio (a programmatic run())
+        _run_http(settings)
     else:
         mcp_stdio.serve(create_server(settings))
+
+
+def _run_http(settings: Settings) -> None:
+    """Streamable HTTP behind, outermost first: the Host/Origin guard, authentication, the session cap; and
+    uvicorn with a deadline for request headers (research_agent/server_auth.py says why each)."""
+    import fastmcp
+    from starlette.middleware import Middleware as ASGIMiddleware
+
+    from research_agent import server_auth as guard
+
+    auth_type, keys = guard.check_http_settings(settings)
+    if not guard.is_loopback(settings.host) and not settings.allowed_hosts:
+        log.warning("only loopback Host names are accepted; set RESEARCH_AGENT_ALLOWED_HOSTS to the names clients "
+                    "use to reach %s", settings.host)
+    server = create_server(settings)
+    # FastMCP's documented setting; `run()` offers no parameter for it. Its own Host/Origin guard stays off
+    # (the default): ours checks ports too.
+    fastmcp.settings.http_session_idle_timeout = settings.http_session_idle_timeout
+    log.warning("research-agent MCP server on http://%s:%s/mcp (auth: %s)", settings.host, settings.port, auth_type)
+    middleware = [ASGIMiddleware(guard.HostOriginGuard, hosts=guard.allowed_hosts(settings),
+                                 origins=guard.allowed_origins(settings)),
+                  ASGIMiddleware(guard.AuthMiddleware, auth_type=auth_type, keys=keys),
+                  ASGIMiddleware(guard.SessionLimiter, max_sessions=settings.max_http_sessions)]
+    # log_config=None: uvicorn logs through our stderr logging instead of printing access lines on stdout.
+    server.run(transport="http", host=settings.host, port=settings.port, path="/mcp", show_banner=False,
+               middleware=middleware, host_origin_protection=False,
+               uvicorn_config={"log_config": None, "log_level": settings.log_level.lower(),
+                               "http": guard.header_timeout_protocol(settings.http_header_timeout)})
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ from pydantic import BaseModel
 
 from research_agent.collections import now_iso, open_collection
 from research_agent.errors import DocumentError
-from research_agent.ingest import PreparedDocument, content_hash, document_key, write_documents
+from research_agent.ingest import (PreparedDocument, chunk_parsed, content_hash, document_key, recover_if_needed,
+                                   write_documents)
 
 
 class AugmentResult(BaseModel):
@@ -25,7 +26,6 @@ MAX_RESEARCH_CHARS = 2_000_000
 def add_research(c, collection: str, content: str, source: str, title: str | None = None,
                  kind: str = "research") -> AugmentResult:
     """Store research text (Markdown) with its source; the same content from the same source is stored once."""
-    from research_agent.chunking import chunk_document
     from research_agent.parsing import parse_text
 
     if not isinstance(content, str) or not content.strip():
@@ -37,6 +37,9 @@ def add_research(c, collection: str, content: str, source: str, title: str | Non
         raise DocumentError("The source is empty", guidance="Pass --source with a URL or citation.")
     c.store.refresh()
     open_collection(c, collection)
+    # An "unchanged" answer writes nothing, so a write of this very text killed after its manifest flipped
+    # would keep its intent forever: finish it first (the crash harness found this).
+    recover_if_needed(c, collection)
     digest = content_hash(f"{source}\n{content}")
     document = f"{kind}:{content_hash(source)[:16]}:{digest[:12]}"
     key = document_key(collection, document)
@@ -46,7 +49,7 @@ def add_research(c, collection: str, content: str, source: str, title: str | Non
                              kind=kind, chunks_written=0, status="unchanged")
     parsed = parse_text(content, format="markdown", name=title or source)
     doc_title = title or parsed.title or source
-    chunks = chunk_document(parsed, source=document, max_tokens=c.settings.chunk_max_tokens)
+    chunks = chunk_parsed(c, parsed, document, doc_title)
     doc = PreparedDocument(document=document, title=doc_title, kind=kind, source=source, content_hash=digest,
                            chunks=chunks, extra={"added_at": now_iso()})
     written = write_documents(c, collection, [doc])
@@ -78,7 +81,6 @@ def update_note(c, collection: str, document: str, content: str, title: str | No
 
 
 def _write_note(c, collection: str, document: str, content: str, title: str, source: str, status: str) -> AugmentResult:
-    from research_agent.chunking import chunk_document
     from research_agent.parsing import parse_text
 
     if not isinstance(content, str) or not content.strip():
@@ -87,8 +89,7 @@ def _write_note(c, collection: str, document: str, content: str, title: str, sou
         raise DocumentError(f"The note has {len(content)} characters; the limit is {MAX_RESEARCH_CHARS}")
     c.store.refresh()
     open_collection(c, collection)
-    chunks = chunk_document(parse_text(content, format="markdown", name=title), source=document,
-                            max_tokens=c.settings.chunk_max_tokens)
+    chunks = chunk_parsed(c, parse_text(content, format="markdown", name=title), document, title)
     doc = PreparedDocument(document=document, title=title, kind="note", source=source,
                            content_hash=content_hash(f"{title}\n{content}"), chunks=chunks, extra={"added_at": now_iso()})
     written = write_documents(c, collection, [doc])

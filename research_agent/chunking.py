@@ -7,6 +7,16 @@ split) within ~20 % on English prose and code, with no tokenizer import.
 Node ids: the `id` metadata field when given; otherwise "n-" + sha1(source + "\\n" + header_path)[:12],
 with "\\n" + occurrence number appended to the hashed string for the 2nd, 3rd ... header with the same
 path, so ids are stable across re-ingests and unique within a document.
+
+Hard bounds: every chunk holds at most `max_bytes` (MAX_CHUNK_BYTES) of UTF-8 and at most its token budget,
+counted by `count_tokens` (the embedder's own tokenizer when the caller passes it, else the estimate above).
+With `model_max_tokens` (what the embedding model reads, special tokens excluded) the budget is
+min(max_tokens, model_max_tokens - tokens of the title/header-path line put before the chunk when it is
+embedded), so no word of a chunk is cut off by the model: sized by the estimate alone, 58 % of SciFact's
+chunks were longer than all-MiniLM-L6-v2's 256 word pieces. Oversized pieces split at the coarsest boundary
+that works: paragraphs, sentences, lines, words, then characters; tables split by rows with the header row
+repeated, fenced code by lines with the fence repeated. The metadata every chunk repeats (title, header
+path, node fields) is capped by `cap_text`, `cap_header_path` and `cap_list`.
 """
 
 from __future__ import annotations
@@ -14,9 +24,30 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from research_agent.parsing import ParsedDocument
+
+#: The most UTF-8 bytes of text one chunk holds, whatever its token budget: ~4x what the default budget
+#: packs of English prose (~1.5 KB), small enough that no line of minified code, base64 or table can make a
+#: multi-MB chunk (a 1.2 MB table was one chunk, copied whole into Chroma and the keyword index).
+MAX_CHUNK_BYTES = 8192
+#: Caps on what every chunk of a document (or node) repeats in its metadata: with no cap a 1.2 MB Markdown
+#: file with a long title and deep headers made a 308 MB store (the title and header path in each chunk,
+#: twice more in the keyword index). Names this long are mistakes; the caps keep what identifies them.
+TITLE_MAX_CHARS = 200
+HEADER_PATH_MAX_CHARS = 300
+FIELD_MAX_CHARS = 500          # description, node title and description
+MAX_LIST_ITEMS = 32            # keywords, labels, blocked_by
+LIST_ITEM_MAX_CHARS = 100      # one keyword, label or node id
+ANCHOR_MAX_CHARS = 120
+#: The line embedded before a chunk's text is shorter still: it spends the model's tokens on every chunk.
+CONTEXT_TITLE_CHARS = 80
+CONTEXT_PATH_CHARS = 120
+_TOO_BIG = 1 << 30             # the token count of a text over the byte bound (never tokenized)
+_COUNT_BATCH = 256
+
+TokenCounter = Callable[[list[str]], list[int]]
 
 _TOKEN = re.compile(r"[^\W_]+|[^\w\s]|_")
 _HEADER = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
@@ -92,6 +123,40 @@ def estimate_tokens(text: str) -> int:
     return sum(1 + (len(piece) - 1) // 8 for piece in _TOKEN.findall(text))
 
 
+def estimate_counts(texts: list[str]) -> list[int]:
+    """`estimate_tokens` of each text: the token counter of backends without a tokenizer."""
+    return [estimate_tokens(t) for t in texts]
+
+
+def cap_text(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+
+
+def cap_header_path(path: str, limit: int = HEADER_PATH_MAX_CHARS) -> str:
+    """A header path of at most `limit` characters that keeps its most specific (last) headers."""
+    parts = path.split(" > ")
+    if len(path) <= limit or len(parts) == 1:
+        return cap_text(path, limit)
+    kept = [cap_text(parts[-1], limit - 4)]  # 4: the leading "… > "
+    for part in reversed(parts[:-1]):
+        if len(part) + 3 + sum(len(k) + 3 for k in kept) + 1 > limit:
+            break
+        kept.insert(0, part)
+    return "… > " + " > ".join(kept)
+
+
+def cap_list(items: list[str], max_items: int = MAX_LIST_ITEMS) -> list[str]:
+    """At most `max_items` items of at most LIST_ITEM_MAX_CHARS characters each."""
+    return [cap_text(str(item), LIST_ITEM_MAX_CHARS) for item in items[:max_items]]
+
+
+def embedding_context(title: str | None, header_path: str | None) -> str:
+    """The line embedded before a chunk: its title and header path, capped (CONTEXT_*_CHARS)."""
+    parts = (cap_text(title or "", CONTEXT_TITLE_CHARS), cap_header_path(header_path or "", CONTEXT_PATH_CHARS))
+    return " > ".join(p for p in parts if p)
+
+
 def slugify(header: str) -> str:
     """GitHub-style anchor for a header: lowercase, punctuation dropped, spaces to hyphens."""
     text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", header)  # links and images render as their text
@@ -100,10 +165,18 @@ def slugify(header: str) -> str:
 
 
 def chunk_document(
-    doc: ParsedDocument, *, source: str, max_tokens: int = 350, overlap_tokens: int = 0
+    doc: ParsedDocument, *, source: str, max_tokens: int = 350, overlap_tokens: int = 0,
+    count_tokens: TokenCounter | None = None, model_max_tokens: int | None = None, title: str | None = None,
+    max_bytes: int = MAX_CHUNK_BYTES,
 ) -> list[Chunk]:
-    """Split a parsed document into chunks of about `max_tokens`; code blocks and tables stay whole."""
-    chunker = _Chunker(source, max(1, max_tokens), max(0, min(overlap_tokens, max_tokens // 2)))
+    """Split a parsed document into chunks within the token budget and `max_bytes` (module docstring).
+
+    count_tokens: the embedder's token counter (a list of texts -> their counts); model_max_tokens: what the
+    model reads; title: the document title embedded with each chunk (default: the parsed title).
+    """
+    chunker = _Chunker(source, max(1, max_tokens), max(0, min(overlap_tokens, max_tokens // 2)),
+                       count=count_tokens or estimate_counts, model_max=model_max_tokens,
+                       title=doc.title if title is None else title, max_bytes=max(64, max_bytes))
     if doc.format == "pdf" and doc.pages:
         for number, text in doc.pages:
             chunker.prose(text, header_path=f"Page {number}", node=chunker.node(f"Page {number}"), page=number)
@@ -116,14 +189,27 @@ def chunk_document(
     return chunker.chunks
 
 
+# Split levels for an oversized text, coarsest first: sentences, lines, words (then characters).
+_SPLITS = ((_SENTENCE_END, " "), (re.compile(r"\n"), "\n"), (re.compile(r"\s+"), " "))
+_PROSE, _LINES, _WORDS = 0, 1, 2
+
+
 class _Chunker:
-    def __init__(self, source: str, max_tokens: int, overlap_tokens: int) -> None:
+    def __init__(self, source: str, max_tokens: int, overlap_tokens: int, *, count: TokenCounter,
+                 model_max: int | None, title: str | None, max_bytes: int) -> None:
         self.source = source
         self.max_tokens = max_tokens
         self.overlap_tokens = overlap_tokens
+        self.count = count
+        self.model_max = model_max
+        self.title = title
+        self.max_bytes = max_bytes
         self.chunks: list[Chunk] = []
         self._path_counts: dict[str, int] = {}
         self._anchor_counts: dict[str, int] = {}
+        self._budgets: dict[str, int] = {}
+        self._counted: dict[str, int] = {}
+        self._fragments: set[str] = set()
 
     def node(self, header_path: str, meta: dict[str, Any] | None = None, parent_id: str | None = None) -> _Node:
         occurrence = self._path_counts.get(header_path, 0) + 1
@@ -146,22 +232,156 @@ class _Chunker:
         )
 
     def anchor(self, title: str) -> str:
-        slug = slugify(title)
+        slug = slugify(title)[:ANCHOR_MAX_CHARS]
         seen = self._anchor_counts.get(slug, 0)
         self._anchor_counts[slug] = seen + 1
         return f"{slug}-{seen}" if seen else slug  # GitHub numbers repeated anchors the same way
+
+    # -- sizes ----------------------------------------------------------------------------------------
+
+    def budget(self, header_path: str) -> int:
+        """Tokens a chunk under `header_path` may hold: max_tokens, less what the embedded context line takes
+        of the model's input when the model's limit is known."""
+        if self.model_max is None:
+            return self.max_tokens
+        if header_path not in self._budgets:
+            context = embedding_context(self.title, header_path)
+            reserve = self.sizes([context])[0] + 1 if context else 0  # +1: the line break may merge differently
+            self._budgets[header_path] = max(1, min(self.max_tokens, self.model_max - reserve))
+        return self._budgets[header_path]
+
+    def sizes(self, texts: list[str]) -> list[int]:
+        """Token counts in batches; a text over the byte bound is too big without being tokenized."""
+        out = [0] * len(texts)
+        todo: list[int] = []
+        for i, text in enumerate(texts):
+            if len(text) > self.max_bytes and len(text.encode("utf-8")) > self.max_bytes:
+                out[i] = _TOO_BIG
+            elif text in self._counted:
+                out[i] = self._counted[text]
+            else:
+                todo.append(i)
+        if len(self._counted) > 4 * _COUNT_BATCH:
+            self._counted.clear()  # the cache serves the re-checks of one section; keep it small
+        for start in range(0, len(todo), _COUNT_BATCH):
+            batch = todo[start:start + _COUNT_BATCH]
+            for i, n in zip(batch, self.count([texts[i] for i in batch])):
+                out[i] = self._counted[texts[i]] = n
+        return out
+
+    def fits(self, text: str, budget: int) -> bool:
+        return self.sizes([text])[0] <= budget
+
+    def fit(self, text: str, budget: int, level: int = _PROSE) -> list[str]:
+        """`text` as pieces within `budget` and the byte bound: split at sentences, lines, words, characters."""
+        if self.fits(text, budget):
+            return [text]
+        for splitter, joiner in _SPLITS[level:]:
+            level += 1
+            parts = [p for p in splitter.split(text) if p.strip()]
+            if len(parts) > 1:
+                return self.pack(parts, budget, joiner, level=level)
+        return self._split_chars(text.strip(), budget)
+
+    def _split_chars(self, word: str, budget: int) -> list[str]:
+        """A text with no space to split at (a base64 blob, a 50 KB "word"), cut into runs of characters."""
+        step = max(1, min(len(word), self.max_bytes, budget * 4))
+        out: list[str] = []
+        pos = 0
+        while pos < len(word):
+            piece = word[pos:pos + step]
+            while step > 1 and not self.fits(piece, budget):
+                step = max(1, step // 2)
+                piece = word[pos:pos + step]
+            out.append(piece)
+            pos += len(piece)
+        self._fragments.update(out)  # `pack` must not join them again with a space between
+        return out
+
+    def _leaves(self, units: list[str], room: int, level: int) -> list[tuple[str, int]]:
+        """The units with their sizes, each one too big for `room` split finer (see `fit`)."""
+        out: list[tuple[str, int]] = []
+        for unit, size in zip(units, self.sizes(units)):
+            if size <= room:
+                out.append((unit, size))
+            else:
+                pieces = self.fit(unit, room, level)
+                out.extend(zip(pieces, self.sizes(pieces)))
+        return out
+
+    def pack(self, units: list[str], budget: int, joiner: str, *, level: int = _PROSE, first: str = "",
+             overlap: int = 0) -> list[str]:
+        """Join consecutive units into pieces within `budget`; `first` (a header line) opens the first piece,
+        and the last `overlap` tokens of a piece open the next. Sums of unit sizes are checked against the
+        whole piece's count, since a tokenizer may count a join differently from its parts."""
+        pieces: list[str] = []
+        first_size = self.sizes([first])[0] if first else 0
+        if first and first_size > budget // 2:
+            pieces += self.fit(first, budget, level)  # a giant header line: its own pieces
+            first, first_size = "", 0
+        overlap = min(overlap, budget // 2)
+        room = max(1, budget - max(first_size, overlap) - 1) if (first or overlap) else budget
+        groups: list[tuple[str, list[str]]] = []
+        prefix, group, tokens, size = first, [], first_size, _nbytes(first)
+        joiner_size = _nbytes(joiner)
+        after_fragment = False
+        for text, count in self._leaves(units, room, level):
+            nbytes = _nbytes(text) + joiner_size
+            fragment = text in self._fragments
+            if ((group or prefix) and (tokens + count > budget or size + nbytes > self.max_bytes)
+                    or group and (fragment or after_fragment)):
+                if group or not groups:  # a prefix alone is kept only when it is the lead of the first piece
+                    groups.append((prefix, group))
+                prefix = self._tail(joiner.join([prefix, *group] if prefix else group), overlap) if group else ""
+                if prefix and _nbytes(prefix) + nbytes > self.max_bytes:
+                    prefix = ""
+                group, tokens, size = [], (self.sizes([prefix])[0] if prefix else 0), _nbytes(prefix)
+            group.append(text)
+            tokens += count
+            size += nbytes
+            after_fragment = fragment
+        if group or (prefix and not groups):
+            groups.append((prefix, group))
+        for prefix, group in groups:
+            pieces += self._verified(prefix, group, joiner, budget)
+        return pieces
+
+    def _verified(self, prefix: str, group: list[str], joiner: str, budget: int) -> list[str]:
+        """The piece `prefix + group` if its real count fits, else the group halved until it does."""
+        text = joiner.join([prefix, *group] if prefix else group)
+        if self.fits(text, budget) or not group:
+            return [text]
+        if len(group) == 1:
+            return ([prefix] if prefix else []) + group
+        mid = len(group) // 2
+        return self._verified(prefix, group[:mid], joiner, budget) + self._verified("", group[mid:], joiner, budget)
+
+    def _tail(self, text: str, tokens: int) -> str:
+        """The last words of `text` worth at most `tokens` tokens, repeated at the start of the next chunk."""
+        if tokens <= 0:
+            return ""
+        words = text.split()[-(2 * tokens + 2):]  # a word is at least ~1 token: no need to count more
+        taken, used = 0, 0
+        for size in reversed(self.sizes(words)):
+            if used + size > tokens:
+                break
+            taken, used = taken + 1, used + size
+        return " ".join(words[len(words) - taken:]) if taken else ""
 
     def emit(self, text: str, *, header_path: str, content_type: str, language: str | None, node: _Node,
              anchor: str = "", page: int | None = None) -> None:
         text = text.strip("\n")
         if not text.strip():
             return
-        self.chunks.append(Chunk(
-            text=text, header_path=header_path, content_type=content_type, code_language=language,
-            node_id=node.id, node_type=node.type, status=node.status, parent_id=node.parent_id,
-            blocked_by=list(node.blocked_by), last_checked=node.last_checked, labels=list(node.labels),
-            anchor=anchor, page=page, token_count=estimate_tokens(text), node_metadata=dict(node.extra),
-        ))
+        for piece in self.fit(text, self.budget(header_path)):  # every chunk is checked here, once more
+            piece = piece.strip("\n")
+            if piece.strip():
+                self.chunks.append(Chunk(
+                    text=piece, header_path=header_path, content_type=content_type, code_language=language,
+                    node_id=node.id, node_type=node.type, status=node.status, parent_id=node.parent_id,
+                    blocked_by=list(node.blocked_by), last_checked=node.last_checked, labels=list(node.labels),
+                    anchor=anchor, page=page, token_count=estimate_tokens(piece), node_metadata=dict(node.extra),
+                ))
 
     # -- plain text and PDF pages ------------------------------------------------------------------
 
@@ -169,60 +389,36 @@ class _Chunker:
               anchor: str = "", lead: str = "") -> None:
         """Pack blank-line separated paragraphs; `lead` (the section header) opens the first chunk."""
         paragraphs = [p.strip("\n") for p in re.split(r"\n[ \t]*\n", text) if p.strip()]
-        for piece in self._pack(paragraphs, lead):
+        for piece in self.pack(paragraphs, self.budget(header_path), "\n\n", first=lead,
+                               overlap=self.overlap_tokens):
             self.emit(piece, header_path=header_path, content_type="prose", language=None, node=node,
                       anchor=anchor, page=page)
 
-    def _pack(self, paragraphs: list[str], lead: str = "") -> list[str]:
-        pieces: list[str] = []
-        current: list[str] = [lead] if lead else []
-        size = estimate_tokens(lead)
-        for paragraph in paragraphs:
-            for part in self._fit(paragraph):
-                part_size = estimate_tokens(part)
-                if current and size + part_size > self.max_tokens and not (len(current) == 1 and current[0] == lead):
-                    pieces.append("\n\n".join(current))
-                    tail = _tail(pieces[-1], self.overlap_tokens)
-                    current, size = ([tail], estimate_tokens(tail)) if tail else ([], 0)
-                current.append(part)
-                size += part_size
-        if current and current != [lead]:
-            pieces.append("\n\n".join(current))
-        elif lead:
-            pieces.append(lead)
-        return pieces
+    # -- tables and fenced code over the budget ----------------------------------------------------
 
-    def _fit(self, text: str) -> list[str]:
-        """Split one paragraph into parts under max_tokens: by sentence, then by line, then by words."""
-        if estimate_tokens(text) <= self.max_tokens:
-            return [text]
-        for splitter, joiner in ((_SENTENCE_END, " "), (re.compile(r"\n"), "\n")):
-            parts = [p for p in splitter.split(text) if p.strip()]
-            if len(parts) > 1:
-                out: list[str] = []
-                last_size = 0
-                for part in parts:
-                    for sub in self._fit(part):
-                        sub_size = estimate_tokens(sub)
-                        if out and last_size + sub_size <= self.max_tokens:
-                            out[-1] += joiner + sub
-                            last_size += sub_size
-                        else:
-                            out.append(sub)
-                            last_size = sub_size
-                return out
-        # Token counts add up across whitespace, so running sums stay exact and linear.
-        out, current, size = [], [], 0
-        for word in text.split():
-            word_size = estimate_tokens(word)
-            if current and size + word_size > self.max_tokens:
-                out.append(" ".join(current))
-                current, size = [], 0
-            current.append(word)
-            size += word_size
-        if current:
-            out.append(" ".join(current))
-        return out
+    def table_pieces(self, table: str, budget: int, lead: str) -> list[str]:
+        """A table split by rows, each piece opening with the header row and its separator."""
+        lines = table.split("\n")
+        header = "\n".join(lines[:2])
+        return self._wrapped(lines[2:], budget, lead, header, "") or self.pack(lines, budget, "\n", level=_WORDS,
+                                                                              first=lead)
+
+    def fence_pieces(self, fenced: str, budget: int, lead: str) -> list[str]:
+        """Fenced code split by lines, each piece fenced again with the opening and closing markers."""
+        lines = fenced.split("\n")
+        return self._wrapped(lines[1:-1], budget, lead, lines[0], lines[-1]) or self.pack(
+            lines, budget, "\n", level=_WORDS, first=lead)
+
+    def _wrapped(self, lines: list[str], budget: int, lead: str, head: str, foot: str) -> list[str]:
+        """Lines packed between `head` and `foot` (the lead before the first); [] when they leave no room."""
+        overhead = sum(self.sizes([t for t in (lead, head, foot) if t])) + 3
+        if overhead > budget // 2 or not lines:
+            return []
+        pieces = [f"{head}\n{p}" + (f"\n{foot}" if foot else "")
+                  for p in self.pack(lines, budget - overhead, "\n", level=_WORDS)]
+        if lead and pieces:
+            pieces[0] = f"{lead}\n\n{pieces[0]}"
+        return pieces
 
     # -- source code -------------------------------------------------------------------------------
 
@@ -237,41 +433,18 @@ class _Chunker:
                 continue
             units[-1].append(line)
         blocks = ["\n".join(u).strip("\n") for u in units if "".join(u).strip()]
-        current: list[str] = []
-        size = 0
-        for block in blocks:
-            for part in self._fit_code(block):
-                part_size = estimate_tokens(part)
-                if current and size + part_size > self.max_tokens:
-                    self._emit_code(current, language, node)
-                    current, size = [], 0
-                current.append(part)
-                size += part_size
-        if current:
-            self._emit_code(current, language, node)
+        # A few tokens are kept for the symbol that names the chunk in its embedded context line.
+        budget = max(1, self.budget("") - (8 if self.model_max else 0))
+        for piece in self.pack(blocks, budget, "\n\n", level=_LINES):
+            self._emit_code(piece, language, node)
 
-    def _fit_code(self, block: str) -> list[str]:
-        if estimate_tokens(block) <= self.max_tokens:
-            return [block]
-        parts: list[str] = []
-        size = 0
-        for line in block.split("\n"):
-            line_size = estimate_tokens(line)
-            if parts and size + line_size <= self.max_tokens:
-                parts[-1] += "\n" + line
-                size += line_size
-            else:
-                parts.append(line)
-                size = line_size
-        return [p for p in parts if p.strip()]
-
-    def _emit_code(self, blocks: list[str], language: str | None, node: _Node) -> None:
+    def _emit_code(self, text: str, language: str | None, node: _Node) -> None:
         # The chunk is named after the definition it opens with, skipping decorators and comments.
-        first = next((line for line in blocks[0].split("\n")
+        first = next((line for line in text.split("\n")
                       if line.strip() and not line.lstrip().startswith(("@", "#", "//", "/*", "*"))), "")
         symbol = _CODE_SYMBOL.match(first)
-        self.emit("\n\n".join(blocks), header_path=symbol.group(1) if symbol else "", content_type="code_block",
-                  language=language, node=node)
+        self.emit(text, header_path=symbol.group(1)[:LIST_ITEM_MAX_CHARS] if symbol else "",
+                  content_type="code_block", language=language, node=node)
 
     # -- markdown (also HTML and DOCX, which the parser converts to markdown) ----------------------
 
@@ -303,6 +476,21 @@ class _Chunker:
                 self.emit(section.header_line, header_path=header_path, content_type="prose", language=None,
                           node=node, anchor=anchor)
 
+    def block(self, text: str, content_type: str, language: str | None, lead: str, *, header_path: str,
+              node: _Node, anchor: str) -> None:
+        """A table or fenced code block: one chunk (with the section's lead) when it fits, else split."""
+        budget = self.budget(header_path)
+        whole = f"{lead}\n\n{text}" if lead else text
+        if self.fits(whole, budget):
+            pieces = [whole]
+        elif content_type == "table":
+            pieces = self.table_pieces(text, budget, lead)
+        else:
+            pieces = self.fence_pieces(text, budget, lead)
+        for piece in pieces:
+            self.emit(piece, header_path=header_path, content_type=content_type, language=language, node=node,
+                      anchor=anchor)
+
     def _section_body(self, items: list[tuple[str, Any]], header_line: str, header_path: str, node: _Node,
                       anchor: str) -> None:
         lead = header_line
@@ -320,7 +508,7 @@ class _Chunker:
         def whole_block(text: str, content_type: str, language: str | None) -> None:
             nonlocal lead
             flush_prose()
-            self.emit(f"{lead}\n\n{text}" if lead else text, content_type=content_type, language=language, **kw)
+            self.block(text, content_type, language, lead, **kw)
             lead = ""
 
         i = 0
@@ -346,7 +534,11 @@ class _Chunker:
 
 
 def _sections(text: str) -> list[_Section]:
-    """Split markdown into header sections; headers inside fenced code are content, not sections."""
+    """Split markdown into header sections; headers inside fenced code are content, not sections.
+
+    An unclosed fence runs to the end of the file, as CommonMark and GitHub render it; `fence_pieces` then
+    splits it by lines like any code block over the budget.
+    """
     sections = [_Section(0, "", "")]
     lines = text.split("\n")
     i = 0
@@ -453,12 +645,5 @@ def _scalar(value: Any) -> str | None:
     return text or None
 
 
-def _tail(text: str, tokens: int) -> str:
-    """The last words of `text` worth at most `tokens` tokens, repeated at the start of the next chunk."""
-    if tokens <= 0:
-        return ""
-    words = text.split()
-    taken: list[str] = []
-    while words and estimate_tokens(" ".join([words[-1]] + taken)) <= tokens:
-        taken.insert(0, words.pop())
-    return " ".join(taken)
+def _nbytes(text: str) -> int:
+    return len(text.encode("utf-8"))

@@ -88,9 +88,16 @@ def create_collection(c, name: str, type: str = "project-specific", description:
     _check_type(type)
     from research_agent.projects import link_collections, require_project
 
+    from research_agent.projects import drop_collection_links
+
     if project:
         require_project(c, project)
     with c.store.write_lock():
+        if not c.store.has_collection(name):  # (this restores a collection a reindex left under its backup name)
+            # Records left by a delete killed midway would make the new collection skip every file as
+            # "unchanged" (issue 11 item 6): a collection starts with none of them.
+            c.store.registry_delete_collection(name)
+            drop_collection_links(c, name)
         c.store.create_collection(name, {
             "type": type,
             "description": description or "",
@@ -123,13 +130,29 @@ def get_collection_info(c, name: str) -> CollectionInfo:
     return _info(c, c.store.get_collection(name), _project_links(c))
 
 
+def _has_records(c, name: str) -> bool:
+    """Whether a delete of `name` was cut short: its records (manifests, intents, links) outlived it."""
+    return bool(c.store.meta.get(where={"collection": name}, include=[], limit=1)["ids"]) or name in _project_links(c)
+
+
 def delete_collection(c, name: str) -> Deleted:
-    """Delete the collection, its documents and its links from projects."""
-    info = get_collection_info(c, name)
+    """Delete the collection, its documents and its links from projects.
+
+    The Chroma collection goes first (queries stop at once), then its records. A kill in between leaves
+    records without a collection: running the delete again finishes it, and `create_collection` clears
+    them too, so a new collection of that name never inherits them.
+    """
     from research_agent.projects import drop_collection_links
 
+    c.store.refresh()
     with c.store.write_lock():
-        c.store.delete_collection(name)
+        if c.store.has_collection(name):
+            info = _info(c, c.store.get_collection(name), _project_links(c))
+            c.store.delete_collection(name)
+        elif _has_records(c, name):
+            info = None
+        else:
+            c.store.get_collection(name)  # the not-found error, with its guidance
         c.store.registry_delete_collection(name)
         drop_collection_links(c, name)
-    return Deleted(deleted=name, kind="collection", chunks_removed=info.chunk_count)
+    return Deleted(deleted=name, kind="collection", chunks_removed=info.chunk_count if info else 0)

@@ -1,7 +1,15 @@
-"""Settings: CLI flag > environment (RESEARCH_AGENT_*) > .env > config file (YAML) > defaults."""
+"""Settings: CLI flag > environment (RESEARCH_AGENT_*) > workspace .env (tuning only) > user .env > config file
+(YAML) > defaults.
+
+Editors start stdio servers with the open workspace as the working directory, so a `.env` there is written by
+whoever wrote the repository: it may tune ranking (WORKSPACE_DOTENV_SETTINGS) and nothing else. The user's own
+`.env` lives next to the config file. The transport is chosen by the launch alone (flag or environment): no
+file can turn a stdio launch into a network listener.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -11,6 +19,21 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from research_agent.errors import ConfigError
 
 ENV_PREFIX = "RESEARCH_AGENT_"
+log = logging.getLogger("research_agent.config")
+
+#: What a `.env` in the working directory may set: ranking and display knobs that change how results are
+#: ordered, never what is exposed (transport, address, auth, keys, allowed roots, hosts, origins), where data
+#: lives (store, Chroma server, log file), what code or files are loaded (models, boosts file) or how much a
+#: client may consume (limits, timeouts). An allow-list, so a new setting is untrusted until added here.
+WORKSPACE_DOTENV_SETTINGS = frozenset({
+    "rerank", "rerank_candidates", "per_document_cap", "threshold_highly_relevant", "threshold_relevant",
+    "threshold_somewhat_relevant", "fusion_method", "hybrid_dense_weight", "rrf_k", "context_weight",
+    "retrieval_candidates", "snippet_tokens", "keyword_title_weight", "keyword_keywords_weight",
+    "rerank_passage_tokens", "discovery_min_score", "discovery_candidates", "discovery_collapse_max_tokens",
+    "log_level",
+})
+#: Chosen by how the server is launched (`--transport`, RESEARCH_AGENT_TRANSPORT), never by a file.
+LAUNCH_SETTINGS = frozenset({"transport"})
 
 
 def default_store_path() -> Path:
@@ -22,6 +45,11 @@ def default_store_path() -> Path:
 def default_config_file() -> Path:
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "research-agent" / "config.yaml"
+
+
+def user_dotenv_file() -> Path:
+    """The user's own `.env` (trusted like the environment): next to the default config file."""
+    return default_config_file().parent / ".env"
 
 
 class Settings(BaseModel):
@@ -91,6 +119,13 @@ class Settings(BaseModel):
     port: int = 8765
     auth_type: Literal["none", "bearer", "api-key"] = "none"
     api_keys: list[str] = Field(default_factory=list)
+    # Host and Origin headers accepted besides the server's own loopback names (DNS-rebinding guard).
+    allowed_hosts: list[str] = Field(default_factory=list)
+    allowed_origins: list[str] = Field(default_factory=list)
+    # Streamable-HTTP sessions held at once; at the cap an idle one ends (bare `initialize`s first).
+    max_http_sessions: int = Field(100, ge=1)
+    http_session_idle_timeout: float = Field(600.0, gt=0)  # seconds without a request before a session ends
+    http_header_timeout: float = Field(10.0, gt=0)  # seconds a connection may take to send its request headers
     warmup: bool = True
     max_concurrent_calls: int = 10
     call_timeout: float = 30.0
@@ -98,11 +133,12 @@ class Settings(BaseModel):
     log_level: str = "WARNING"
     log_file: Path | None = None
 
-    @field_validator("allowed_roots", "api_keys", mode="before")
+    @field_validator("allowed_roots", "api_keys", "allowed_hosts", "allowed_origins", mode="before")
     @classmethod
-    def _split_list(cls, value: Any) -> Any:
+    def _split_list(cls, value: Any, info: Any) -> Any:
         if isinstance(value, str):
-            sep = os.pathsep if "," not in value else ","
+            # Roots may also be os.pathsep-separated like PATH; hosts, origins and keys hold ':' themselves.
+            sep = os.pathsep if info.field_name == "allowed_roots" and "," not in value else ","
             return [part.strip() for part in value.split(sep) if part.strip()]
         return value
 
@@ -123,6 +159,32 @@ def _env_layer(environ: dict[str, str]) -> dict[str, str]:
             if name in Settings.model_fields and value != "":
                 out[name] = value
     return out
+
+
+def _dotenv_layer(path: Path) -> dict[str, str]:
+    from dotenv import dotenv_values
+
+    if not path.is_file():
+        return {}
+    return _env_layer({k: v for k, v in dotenv_values(path).items() if v is not None})
+
+
+def _workspace_layer(path: Path) -> dict[str, str]:
+    """The working directory's `.env`, cut down to WORKSPACE_DOTENV_SETTINGS (what is dropped is logged)."""
+    values = _dotenv_layer(path)
+    ignored = sorted(set(values) - WORKSPACE_DOTENV_SETTINGS)
+    if ignored:
+        log.warning("Settings in %s ignored: %s. A .env in the working directory may only tune ranking (it may "
+                    "belong to a repository you cloned); put them in %s or the environment (docs/configuration.md).",
+                    path, ", ".join(ENV_PREFIX + name.upper() for name in ignored), user_dotenv_file())
+    return {k: v for k, v in values.items() if k in WORKSPACE_DOTENV_SETTINGS}
+
+
+def _without_launch_settings(layer: dict[str, Any], source: Path) -> dict[str, Any]:
+    if LAUNCH_SETTINGS & set(layer):
+        log.warning("transport in %s ignored: a file never chooses the transport; use --transport or "
+                    "RESEARCH_AGENT_TRANSPORT", source)
+    return {k: v for k, v in layer.items() if k not in LAUNCH_SETTINGS}
 
 
 def _file_layer(path: Path, explicit: bool) -> dict[str, Any]:
@@ -149,15 +211,14 @@ def _file_layer(path: Path, explicit: bool) -> dict[str, Any]:
 
 def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
     """Build Settings from every layer; `overrides` are CLI flags (None means not given)."""
-    from dotenv import dotenv_values
-
     explicit = config_file is not None or bool(os.environ.get(ENV_PREFIX + "CONFIG"))
     path = Path(config_file or os.environ.get(ENV_PREFIX + "CONFIG") or default_config_file()).expanduser()
+    user_env, workspace_env = user_dotenv_file(), Path.cwd() / ".env"
     merged: dict[str, Any] = {}
-    merged.update(_file_layer(path, explicit))
-    dotenv_path = Path.cwd() / ".env"
-    if dotenv_path.is_file():
-        merged.update(_env_layer({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None}))
+    merged.update(_without_launch_settings(_file_layer(path, explicit), path))
+    merged.update(_without_launch_settings(_dotenv_layer(user_env), user_env))
+    if workspace_env.resolve() != user_env.resolve():
+        merged.update(_workspace_layer(workspace_env))
     merged.update(_env_layer(dict(os.environ)))
     merged.update({k: v for k, v in overrides.items() if v is not None})
     try:

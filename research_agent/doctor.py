@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from research_agent.ingest import delete_chunks, recover_interrupted, version_ids
+from research_agent.store import swap_target
 
 _PAGE = 5000
 
@@ -63,23 +64,23 @@ def _check_collection(c, col: Any, repair: bool, actions: list[str]) -> Collecti
                            orphan_chunks=len(orphans), incomplete_documents=[manifests[k]["document"] for k in incomplete])
 
 
+def _swap_leftovers(c, repair: bool, actions: list[str]) -> list[str]:
+    """A reindex's working copies and backups; repair restores or drops them, never a backup holding more."""
+    if not repair:
+        return c.store.swap_leftovers()
+    actions += c.store.recover_swaps(force=True)
+    left = c.store.swap_leftovers()
+    actions += [f"kept {n}: it holds more chunks than {swap_target(n)!r}; check that collection with "
+                f"`research-agent collections info {swap_target(n)}`, delete it if it is incomplete, then run "
+                "`research-agent doctor --repair` again to restore the backup" for n in left]
+    return left
+
+
 def run_doctor(c, repair: bool = False) -> DoctorReport:
     """Find orphan chunks, incomplete documents and leftovers of an interrupted reindex; fix them with repair."""
     c.store.refresh()
     actions: list[str] = []
-    client = c.store.client
-    names = [col.name for col in client.list_collections()]
-    leftovers = [n for n in names if n.startswith(("research-agent-tmp-", "research-agent-old-"))]
-    if repair:
-        with c.store.write_lock():
-            for n in leftovers:
-                original = n.split("-", 4)[-1] if n.startswith("research-agent-old-") else None
-                if original and original not in names:
-                    client.get_collection(n, embedding_function=None).modify(name=original)
-                    actions.append(f"restored {original} from an interrupted reindex")
-                else:
-                    client.delete_collection(n)
-                    actions.append(f"deleted leftover {n}")
+    leftovers = _swap_leftovers(c, repair, actions)
     checks = [_check_collection(c, col, repair, actions) for col in c.store.list_collections()]
     known = {ch.collection for ch in checks}
     stray = [k for k, m in c.store.registry_find("document").items() if m.get("collection") not in known]

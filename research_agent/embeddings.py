@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from research_agent.config import Settings
 from research_agent.errors import ConfigError
@@ -22,12 +22,48 @@ _cache_lock = threading.Lock()
 
 
 class Embedder(Protocol):
+    """An embedding backend. Backends with a tokenizer also offer `count_tokens(texts) -> [int]` and
+    `max_tokens` (what the model reads, special tokens excluded); `token_counter` and `token_limit` fall
+    back to the estimate and to no limit for those without."""
+
     name: str
     dimension: int
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]: ...
 
     def embed_query(self, text: str) -> list[float]: ...
+
+
+def _content_limit(tokenizer: Any, max_length: int | None) -> int | None:
+    """Tokens of text a model reads: its input length less the special tokens ([CLS], [SEP]) it adds."""
+    if not max_length:
+        return None
+    return int(max_length) - int(tokenizer.num_special_tokens_to_add(pair=False))
+
+
+def _count_with(tokenizer: Any, texts: list[str]) -> list[int]:
+    """Tokens of each text in `tokenizer`, special tokens excluded and nothing truncated (~0.9 ms per
+    1.5 KB abstract with all-MiniLM-L6-v2's fast tokenizer, measured on SciFact)."""
+    if not texts:
+        return []
+    return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]]
+
+
+def token_counter(embedder: Any) -> Callable[[list[str]], list[int]]:
+    """The embedder's own token counter, or the chunker's estimate for a backend without a tokenizer."""
+    from research_agent.chunking import estimate_counts
+
+    return getattr(embedder, "count_tokens", None) or estimate_counts
+
+
+def token_limit(embedder: Any) -> int | None:
+    """How many tokens of text the embedder reads (None: unknown, only the configured budget applies)."""
+    return getattr(embedder, "max_tokens", None)
+
+
+def chunk_limits(embedder: Any, max_tokens: int) -> dict[str, Any]:
+    """The keyword arguments that bound `chunk_document` in the embedder's own tokens."""
+    return {"max_tokens": max_tokens, "count_tokens": token_counter(embedder), "model_max_tokens": token_limit(embedder)}
 
 
 def quiet_model_libraries() -> None:
@@ -103,6 +139,10 @@ class SentenceTransformerEmbedder:
         self.dimension = int(self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension")
                              else self.model.get_sentence_embedding_dimension())
         self.batch_size = batch_size
+        self.max_tokens = _content_limit(self.model.tokenizer, self.model.max_seq_length)
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return _count_with(self.model.tokenizer, texts)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         if not texts:
@@ -125,6 +165,10 @@ class FlagEmbedder:
         self.model = BGEM3FlagModel(target, use_fp16=False, devices=device)
         self.batch_size = batch_size
         self.dimension = len(self.embed_query("dimension probe"))
+        self.max_tokens = _content_limit(self.model.tokenizer, getattr(self.model, "passage_max_length", None))
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return _count_with(self.model.tokenizer, texts)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         if not texts:

@@ -148,6 +148,7 @@ def ingest_beir_corpus(c, collection: str, corpus_jsonl: str | Path, limit: int 
     """
     from research_agent.chunking import chunk_document
     from research_agent.collections import open_collection
+    from research_agent.embeddings import chunk_limits
     from research_agent.ingest import PreparedDocument, content_hash, write_documents
     from research_agent.parsing import ParsedDocument
 
@@ -158,12 +159,15 @@ def ingest_beir_corpus(c, collection: str, corpus_jsonl: str | Path, limit: int 
     written = 0
     pending: list[PreparedDocument] = []
     notify = progress or (lambda p: None)
+    limits: dict[str, Any] | None = None
     for done, obj in enumerate(entries, start=1):
         doc_id, title, text = str(obj["_id"]), str(obj.get("title") or ""), str(obj.get("text") or "")
         digest = content_hash(f"{title}\n{text}")
         if existing.get(doc_id) != digest and (title.strip() or text.strip()):
             parsed = ParsedDocument(text=text or title, format="text", title=title or doc_id)
-            chunks = chunk_document(parsed, source=doc_id, max_tokens=c.settings.chunk_max_tokens)
+            # Sized in the embedder's own tokens (loaded only once an entry needs writing).
+            limits = limits or chunk_limits(c.embedder, c.settings.chunk_max_tokens)
+            chunks = chunk_document(parsed, source=doc_id, title=title or doc_id, **limits)
             pending.append(PreparedDocument(document=doc_id, title=title or doc_id, kind="document", source=doc_id,
                                             content_hash=digest, chunks=chunks))
         if len(pending) >= batch or (done == len(entries) and pending):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import logging
 import os
+import stat
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -14,15 +14,12 @@ from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel
 
+from research_agent import folder
 from research_agent.collections import Deleted, now_iso, open_collection
 from research_agent.errors import DocumentError
 
 log = logging.getLogger(__name__)
 
-# Directories nobody wants in a knowledge base; .gitignore files add to these.
-DEFAULT_EXCLUDES = (".git", ".hg", ".svn", "node_modules", ".venv", "venv", "env", "__pycache__", ".tox",
-                    ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", "build", "dist", "site-packages",
-                    ".idea", ".vscode", ".next", "target", ".eggs", "*.egg-info")
 EMBED_BATCH_CHUNKS = 256
 
 
@@ -36,6 +33,8 @@ class IngestProgress(BaseModel):
 
 
 class FileProblem(BaseModel):
+    """One file or folder the run could not use (or, in `not_pruned`, did not remove), and why."""
+
     path: str
     reason: str
 
@@ -52,6 +51,12 @@ class IngestReport(BaseModel):
     files_seen: int = 0
     seconds: float = 0.0
     documents: list[str] = []
+    # Documents removed: gone with --prune, or stale (their file turned empty, oversized, undecodable...).
+    removed_documents: list[str] = []
+    # --prune candidates left in place: not selected by this run, below an unreadable folder, still existing.
+    not_pruned: list[FileProblem] = []
+    # Files ingested whole but with a problem worked around (front matter that did not parse was ignored...).
+    warnings: list[FileProblem] = []
 
 
 class DocumentInfo(BaseModel):
@@ -85,9 +90,11 @@ class PreparedDocument:
     chunks: list[Any]        # research_agent.chunking.Chunk
     path: str | None = None  # absolute file path, for prune and watch
     extra: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what the reader worked around (bad front matter...)
 
 
 def document_key(collection: str, document: str) -> str:
+    """The registry key of a document's manifest; `document` comes from source_name (or research:/note:)."""
     return f"document:{collection}:{document}"
 
 
@@ -112,18 +119,24 @@ def check_allowed(path: Path, allowed_roots: list[Path] | None) -> Path:
         resolved.exists()  # ENAMETOOLONG and friends surface here, not later
     except (OSError, RuntimeError, ValueError) as exc:
         raise DocumentError(f"Unusable path: {getattr(exc, 'strerror', None) or type(exc).__name__}",
-                            guidance="Pass an existing file or folder path.", path=raw[:200]) from None
+                            guidance="Pass an existing file or folder path.", path=folder.display(raw[:200])) from None
     if allowed_roots is not None and not any(resolved == r or r in resolved.parents for r in allowed_roots):
         raise DocumentError(
             "Path is outside the allowed roots",
             guidance="Use a path under the server's allowed roots (RESEARCH_AGENT_ALLOWED_ROOTS).",
-            path=raw[:200],
+            path=folder.display(raw[:200]),
         )
     return resolved
 
 
-def source_name(path: Path, root: Path | None) -> str:
-    """The document key: relative to the ingested folder's parent (so `docs/a.md`), or to cwd."""
+def source_name(path: Path, root: Path | None, prefix: str | None = None) -> str:
+    """The document key: relative to the ingested folder's parent (so `docs/a.md`), or to cwd.
+
+    `prefix` replaces the folder's own name when folder.folder_prefix gave it another (same-named folders).
+    """
+    if root is not None and prefix is not None:
+        rel = path.relative_to(root).as_posix()
+        return prefix if rel == "." else f"{prefix}/{rel}"
     base = root.parent if root is not None else Path.cwd()
     try:
         return path.relative_to(base).as_posix()
@@ -131,122 +144,116 @@ def source_name(path: Path, root: Path | None) -> str:
         return path.as_posix()
 
 
-def _gitignore_spec(folder: Path) -> Any:
-    import pathspec
-
-    lines: list[str] = []
-    gi = folder / ".gitignore"
-    if gi.is_file():
-        lines = gi.read_text(encoding="utf-8", errors="replace").splitlines()
-    return pathspec.PathSpec.from_lines("gitwildmatch", lines) if lines else None
-
-
-def iter_folder(folder: Path, *, recursive: bool, include: Iterable[str], exclude: Iterable[str],
-                allowed_roots: list[Path] | None) -> Iterable[Path]:
-    """Files under `folder`, sorted, minus default excludes, .gitignore matches and --exclude globs."""
-    include, exclude = list(include), list(exclude)
-    spec = _gitignore_spec(folder)
-    excluded_dirs = set(DEFAULT_EXCLUDES)
-
-    def is_excluded(rel: str, name: str, is_dir: bool) -> bool:
-        if is_dir and any(fnmatch.fnmatch(name, pat) for pat in excluded_dirs):
-            return True
-        if spec is not None and spec.match_file(rel + ("/" if is_dir else "")):
-            return True
-        return any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(name, pat) for pat in exclude)
-
-    for dirpath, dirnames, filenames in os.walk(folder):
-        here = Path(dirpath)
-        rel_dir = here.relative_to(folder).as_posix()
-        rel_dir = "" if rel_dir == "." else rel_dir + "/"
-        dirnames[:] = sorted(d for d in dirnames if recursive and not is_excluded(rel_dir + d, d, True))
-        for name in sorted(filenames):
-            rel = rel_dir + name
-            if is_excluded(rel, name, False) or (include and not any(
-                    fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(name, pat) for pat in include)):
-                continue
-            p = here / name
-            if p.is_symlink():
-                target = p.resolve()
-                # A symlink may not lead out of the folder (or the allowed roots).
-                roots = allowed_roots if allowed_roots is not None else [folder]
-                if not any(target == r or r in target.parents for r in roots):
-                    continue
-            yield p
+def iter_folder(folder_path: Path, *, recursive: bool, include: Iterable[str], exclude: Iterable[str],
+                allowed_roots: list[Path] | None) -> list[Path]:
+    """Regular files under `folder_path` (folder.walk_folder has the entries skipped and why)."""
+    return folder.walk_folder(folder_path, recursive=recursive, include=include, exclude=exclude,
+                              allowed_roots=allowed_roots).files
 
 
 # -- preparing --------------------------------------------------------------------------------
-def check_size(c, path: Path) -> None:
-    """Refuse a file over its size limit before reading a byte of it."""
+def check_size(c, path: Path) -> int:
+    """Refuse a special file or one over its size limit before reading a byte; returns the limit in bytes.
+
+    The stat comes first so a FIFO or device is never even opened; read_regular_file checks again on the
+    open descriptor and counts the bytes it reads (st_size is 0 for /dev/zero and /proc files).
+    """
     from research_agent.parsing import detect_format
 
-    limit_mb = c.settings.max_pdf_mb if detect_format(path) == "pdf" else c.settings.max_file_mb
-    size = path.stat().st_size
-    if size > limit_mb * 1024 * 1024:
-        raise DocumentError(f"{size / 2**20:.1f} MB exceeds the size limit of {limit_mb:g} MB",
-                            guidance="Raise RESEARCH_AGENT_MAX_FILE_MB (MAX_PDF_MB for PDFs) or exclude the file.")
+    limit = int((c.settings.max_pdf_mb if detect_format(path) == "pdf" else c.settings.max_file_mb) * 1024 * 1024)
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise folder.not_regular(path, st.st_mode)
+    if st.st_size > limit:
+        raise folder.too_large(f"{st.st_size / 2**20:.1f} MB", limit)
+    return limit
+
+
+def chunk_parsed(c, parsed: Any, document: str, title: str) -> list[Any]:
+    """Chunks of a parsed document, each fitting the embedder's own token limit with its title line (see
+    chunking.chunk_document): sized by an estimate, 58 % of SciFact's chunks overflowed MiniLM's 256 tokens."""
+    from research_agent.chunking import chunk_document
+    from research_agent.embeddings import chunk_limits
+
+    return chunk_document(parsed, source=document, title=title, **chunk_limits(c.embedder, c.settings.chunk_max_tokens))
 
 
 def prepare_file(c, path: Path, document: str, *, title: str | None = None, raw: bytes | None = None) -> PreparedDocument:
-    """Parse and chunk one file (DocumentError when it cannot be read or is out of limits)."""
-    from research_agent.chunking import chunk_document
-    from research_agent.parsing import detect_format, parse_file
+    """Parse and chunk one file (DocumentError when it cannot be used; OSError when it cannot be read).
 
+    The chunks are parsed from `raw`, the bytes that were hashed, so the manifest's hash always describes
+    the indexed text (a second read could see a newer version and pin stale chunks under the new hash).
+    """
     s = c.settings
-    fmt = detect_format(path)
-    limit_mb = s.max_pdf_mb if fmt == "pdf" else s.max_file_mb
-    parsed = parse_file(path, max_bytes=int(limit_mb * 1024 * 1024))
-    chunks = chunk_document(parsed, source=document, max_tokens=s.chunk_max_tokens)
+    if raw is None:
+        raw = folder.read_regular_file(path, check_size(c, path))
+    parsed = folder.parse_bytes(path, raw)
+    doc_title = title or parsed.title or path.stem
+    chunks = chunk_parsed(c, parsed, document, doc_title)
     if len(chunks) > s.max_chunks_per_file:
         raise DocumentError(f"{len(chunks)} chunks exceed the limit of {s.max_chunks_per_file} per file",
                             guidance="Raise RESEARCH_AGENT_MAX_CHUNKS_PER_FILE or split the file.")
-    data = raw if raw is not None else path.read_bytes()
     extra = {k: v for k, v in parsed.metadata.items() if k in ("description", "keywords", "tags")}
     return PreparedDocument(
-        document=document, title=title or parsed.title or path.stem, kind="document", source=document,
-        content_hash=content_hash(data + (title or "").encode()), chunks=chunks, path=str(path), extra=extra,
+        document=document, title=doc_title, kind="document", source=document,
+        content_hash=content_hash(raw + (title or "").encode()), chunks=chunks, path=str(path), extra=extra,
+        warnings=list(parsed.warnings),
     )
 
 
 def _chunk_metadata(collection: str, doc: PreparedDocument, chunk: Any, seq: int) -> dict[str, Any]:
+    """A chunk's stored metadata. What a document or node repeats in each of its chunks is capped (the
+    chunking module's *_MAX_* constants): uncapped, a 1.2 MB file with a long title made a 308 MB store."""
+    from research_agent.chunking import (FIELD_MAX_CHARS, LIST_ITEM_MAX_CHARS, TITLE_MAX_CHARS, cap_header_path,
+                                         cap_list, cap_text)
+
+    def name(value: Any) -> Any:  # node ids, types, statuses: capped alike, so references still match
+        return cap_text(value, LIST_ITEM_MAX_CHARS) if isinstance(value, str) else value
+
     meta: dict[str, Any] = {
         "collection": collection,
         "source_document": doc.document,
-        "document_title": doc.title,
-        "header_path": chunk.header_path or "",
+        "document_title": cap_text(doc.title or "", TITLE_MAX_CHARS),
+        "header_path": cap_header_path(chunk.header_path or ""),
         "content_type": chunk.content_type,
         "code_language": chunk.code_language,
         "chunk_sequence_id": seq,
         "content_hash": doc.content_hash,
         "kind": doc.kind,
         "source": doc.source,
-        "node_id": chunk.node_id,
-        "node_type": chunk.node_type,
-        "status": chunk.status,
-        "parent_id": chunk.parent_id,
-        "blocked_by": list(chunk.blocked_by) or None,
-        "last_checked": chunk.last_checked,
-        "labels": list(chunk.labels) or None,
+        "node_id": name(chunk.node_id),
+        "node_type": name(chunk.node_type),
+        "status": name(chunk.status),
+        "parent_id": name(chunk.parent_id),
+        "blocked_by": cap_list(list(chunk.blocked_by)) or None,
+        "last_checked": name(chunk.last_checked),
+        "labels": cap_list(list(chunk.labels)) or None,
         "anchor": chunk.anchor,
         "page": chunk.page,
         "token_count": chunk.token_count,
     }
     for key in ("description", "added_at"):
         if isinstance(doc.extra.get(key), str):
-            meta[key] = doc.extra[key]
+            meta[key] = cap_text(doc.extra[key], FIELD_MAX_CHARS)
     for key in ("title", "description"):  # the hybrid format's node-level bullets
         value = chunk.node_metadata.get(key)
         if isinstance(value, str) and value:
-            meta[f"node_{key}"] = value
+            meta[f"node_{key}"] = cap_text(value, FIELD_MAX_CHARS)
     kw = doc.extra.get("keywords") or doc.extra.get("tags")
     if isinstance(kw, list) and kw:
-        meta["keywords"] = [str(k) for k in kw]
+        meta["keywords"] = cap_list([str(k) for k in kw])
     return {k: v for k, v in meta.items() if v is not None}
 
 
 def embedding_text(meta: dict[str, Any], text: str) -> str:
-    """What is embedded: the chunk with its title and header path, so short chunks keep context."""
-    context = " > ".join(p for p in (meta.get("document_title", ""), meta.get("header_path", "")) if p)
+    """What is embedded: the chunk after a line with its title and header path, so short chunks keep context.
+
+    The line is capped (chunking.embedding_context) also for chunks stored before the caps existed (`kb
+    reindex` reads them back), and the chunker leaves room for it within the model's input length.
+    """
+    from research_agent.chunking import embedding_context
+
+    context = embedding_context(meta.get("document_title"), meta.get("header_path"))
     return f"{context}\n{text}" if context and context not in text[:200] else text
 
 
@@ -385,88 +392,49 @@ def delete_documents(c, collection: str, manifests: dict[str, dict[str, Any]]) -
 def ingest_path(c, path: str | Path, collection: str, *, recursive: bool = False, include: Iterable[str] = (),
                 exclude: Iterable[str] = (), prune: bool = False, title: str | None = None, strict: bool = False,
                 progress: ProgressFn | None = None, allowed_roots: list[Path] | None = None) -> IngestReport:
-    """Ingest a file or a folder; unchanged files are skipped by content hash."""
+    """Ingest a file or a folder; unchanged files are skipped by content hash.
+
+    One entry's failure of any kind is a problem in the report, never the end of the folder (issue 11 item 12).
+    A file that turned unusable (empty, oversized, undecodable, unparsable, not a regular file) loses its old
+    version, so search never returns text the file no longer has; one that cannot be read right now (EACCES,
+    EIO) keeps it, flagged. `prune` removes only documents whose files are really gone (folder.why_not_gone).
+    """
     started = time.perf_counter()
     target = check_allowed(Path(path), allowed_roots)
     if not target.exists():
-        raise DocumentError(f"No such file or folder: {path}", guidance="Check the path.", path=str(path)[:200])
+        raise DocumentError(f"No such file or folder: {folder.display(str(path))}", guidance="Check the path.",
+                            path=folder.display(str(path)[:200]))
     c.store.refresh()
     open_collection(c, collection)  # fail before any work on an unknown collection or model mismatch
     recover_if_needed(c, collection)
     report = IngestReport(collection=collection)
-    if target.is_dir():
-        root: Path | None = target
-        files = list(iter_folder(target, recursive=recursive, include=include, exclude=exclude,
-                                 allowed_roots=allowed_roots))
-        if len(files) > c.settings.max_files_per_run:
-            raise DocumentError(f"{len(files)} files exceed the limit of {c.settings.max_files_per_run} per run",
-                                guidance="Narrow the run with --include/--exclude or raise RESEARCH_AGENT_MAX_FILES_PER_RUN.")
-    else:
-        root, files = None, [target]
-    single = root is None
-    report.files_seen = len(files)
     existing = c.store.registry_find("document", collection)
-    total_chunks = 0
-    pending: list[PreparedDocument] = []
-    pending_chunks = 0
-    seen: set[str] = set()
-    notify = progress or (lambda p: None)
+    walk, files = _plan(c, target, collection, existing, recursive=recursive, include=include, exclude=exclude,
+                        allowed_roots=allowed_roots)
+    report.files_seen = len(files)
+    stale: dict[str, dict[str, Any]] = {}
+    seen = {document_key(collection, d) for _, d in files}
 
-    def flush() -> None:
-        nonlocal pending, pending_chunks
-        if pending:
-            report.chunks_written += write_documents(c, collection, pending)
-            notify(IngestProgress(stage="writing", files_done=done, files_total=len(files),
-                                  chunks_done=report.chunks_written, chunks_total=total_chunks))
-        pending, pending_chunks = [], 0
-
-    done = 0
-    for done, file in enumerate(files, start=1):
-        document = source_name(file, root)
+    def problem(document: str, reason: str, *, failed: bool, drop: bool) -> None:
         key = document_key(collection, document)
         seen.add(key)
-        notify(IngestProgress(stage="reading", files_done=done - 1, files_total=len(files),
-                              chunks_done=report.chunks_written, chunks_total=total_chunks, current=document))
-        try:
-            check_size(c, file)
-            raw = file.read_bytes()
-            prev = existing.get(key)
-            if prev and prev["content_hash"] == content_hash(raw + (title or "").encode()):
-                report.unchanged += 1
-                continue
-            doc = prepare_file(c, file, document, title=title, raw=raw)
-        except DocumentError as exc:
-            if single:
-                raise
-            report.skipped.append(FileProblem(path=document, reason=exc.message))
-            continue
-        except OSError as exc:
-            if single:
-                raise DocumentError(f"Cannot read {document}: {exc.strerror}", path=document) from None
-            report.failed.append(FileProblem(path=document, reason=f"unreadable: {exc.strerror}"))
-            continue
-        if not doc.chunks:
-            report.skipped.append(FileProblem(path=document, reason="no text content"))
-            continue
-        if key in existing:
-            report.updated += 1
-        else:
-            report.added += 1
-        report.documents.append(document)
-        pending.append(doc)
-        pending_chunks += len(doc.chunks)
-        total_chunks += len(doc.chunks)
-        if pending_chunks >= EMBED_BATCH_CHUNKS:
-            flush()
-    flush()
-    if prune and root is not None:
-        gone = {k: m for k, m in existing.items()
-                if k not in seen and m.get("path") and Path(m["path"]).is_relative_to(root) and m.get("kind") == "document"}
-        delete_documents(c, collection, gone)
-        report.removed = len(gone)
+        if key in existing and drop:
+            stale[key] = existing[key]
+            reason += " (its previous version was removed from the index)"
+        elif key in existing:
+            reason += " (the previous version stays indexed)"
+        (report.failed if failed else report.skipped).append(FileProblem(path=document, reason=reason))
+
+    for p in walk.problems if walk else ():
+        problem(folder.display(source_name(p.path, target, walk.prefix)), p.reason, failed=p.failed, drop=not p.failed)
+    _read_and_write(c, collection, files, existing, report, title=title, single=walk is None, problem=problem,
+                    notify=progress or (lambda p: None))
+    gone, kept = folder.prune_plan(walk, existing, seen) if prune and walk else ({}, [])
+    report.not_pruned = [FileProblem(path=d, reason=r) for d, r in kept]
+    delete_documents(c, collection, {**stale, **gone})
+    report.removed = len(stale) + len(gone)
+    report.removed_documents = sorted(m["document"] for m in {**stale, **gone}.values())
     report.seconds = round(time.perf_counter() - started, 3)
-    notify(IngestProgress(stage="done", files_done=len(files), files_total=len(files),
-                          chunks_done=report.chunks_written, chunks_total=total_chunks))
     if strict and (report.skipped or report.failed):
         raise DocumentError(
             f"{len(report.skipped)} skipped and {len(report.failed)} failed files (--strict)",
@@ -474,6 +442,87 @@ def ingest_path(c, path: str | Path, collection: str, *, recursive: bool = False
             report=report.model_dump(mode="json"),
         )
     return report
+
+
+def _plan(c, target: Path, collection: str, existing: dict[str, dict[str, Any]], *, recursive: bool,
+          include: Iterable[str], exclude: Iterable[str],
+          allowed_roots: list[Path] | None) -> tuple[folder.FolderWalk | None, list[tuple[Path, str]]]:
+    """The walk (None for a single file) and the (file, document key) pairs to read."""
+    if not target.is_dir():
+        key = folder.file_key(target, source_name(target, None), existing, lambda d: document_key(collection, d))
+        return None, [(target, key)]
+    walk = folder.walk_folder(target, recursive=recursive, include=include, exclude=exclude,
+                              allowed_roots=allowed_roots)
+    if len(walk.files) > c.settings.max_files_per_run:
+        raise DocumentError(f"{len(walk.files)} files exceed the limit of {c.settings.max_files_per_run} per run",
+                            guidance="Narrow the run with --include/--exclude or raise RESEARCH_AGENT_MAX_FILES_PER_RUN.")
+    walk.prefix = folder.folder_prefix(target, existing)
+    return walk, [(f, source_name(f, target, walk.prefix)) for f in walk.files]
+
+
+def _read_and_write(c, collection: str, files: list[tuple[Path, str]], existing: dict[str, dict[str, Any]],
+                    report: IngestReport, *, title: str | None, single: bool, problem: Callable[..., None],
+                    notify: ProgressFn) -> None:
+    """Read, parse and write each file in batches of about EMBED_BATCH_CHUNKS chunks; problems go to `problem`."""
+    pending: list[PreparedDocument] = []
+    total = done = 0
+
+    def flush() -> None:
+        if pending:
+            report.chunks_written += write_documents(c, collection, pending)
+            pending.clear()
+            notify(IngestProgress(stage="writing", files_done=done, files_total=len(files),
+                                  chunks_done=report.chunks_written, chunks_total=total))
+
+    for done, (file, document) in enumerate(files, start=1):
+        notify(IngestProgress(stage="reading", files_done=done - 1, files_total=len(files),
+                              chunks_done=report.chunks_written, chunks_total=total, current=document))
+        doc = _read_one(c, file, document, existing.get(document_key(collection, document)), report,
+                        title=title, single=single, problem=problem)
+        if doc is None:
+            continue
+        report.updated += document_key(collection, document) in existing
+        report.added += document_key(collection, document) not in existing
+        report.documents.append(document)
+        pending.append(doc)
+        total += len(doc.chunks)
+        if sum(len(d.chunks) for d in pending) >= EMBED_BATCH_CHUNKS:
+            flush()
+    flush()
+    notify(IngestProgress(stage="done", files_done=len(files), files_total=len(files),
+                          chunks_done=report.chunks_written, chunks_total=total))
+
+
+def _read_one(c, file: Path, document: str, prev: dict[str, Any] | None, report: IngestReport, *,
+              title: str | None, single: bool, problem: Callable[..., None]) -> PreparedDocument | None:
+    """The prepared document, or None (unchanged, or a problem reported through `problem`)."""
+    try:
+        raw = folder.read_regular_file(file, check_size(c, file))
+        if prev and prev["content_hash"] == content_hash(raw + (title or "").encode()):
+            report.unchanged += 1
+            return None
+        doc = prepare_file(c, file, document, title=title, raw=raw)
+        if not doc.chunks:
+            raise DocumentError("no text content", guidance="Add text to the file or exclude it.")
+        report.warnings.extend(FileProblem(path=document, reason=w) for w in doc.warnings)
+        return doc
+    except OSError as exc:
+        reason, failed, drop = f"unreadable: {exc.strerror or exc}", True, False
+        error = DocumentError(f"Cannot read {document}: {exc.strerror or exc}", path=document)
+    except DocumentError as exc:
+        reason, failed, drop, error = exc.message, False, True, exc
+    except Exception as exc:  # a parser bug or a pathological file (deep HTML): that file fails, not the run
+        log.exception("ingesting %s failed", document)
+        reason, failed, drop = f"{type(exc).__name__}: {str(exc)[:200]}", True, True
+        error = DocumentError(f"Cannot ingest {document}: {reason}", path=document)
+    problem(document, reason, failed=failed, drop=drop)
+    if single and drop and prev:  # add-document: drop the stale old version (see ingest_path), then raise
+        delete_documents(c, report.collection, {document_key(report.collection, document): prev})
+        raise DocumentError(f"{error.message}; its previous version was removed from {report.collection!r}",
+                            **error.data) from None
+    if single:
+        raise error from None
+    return None
 
 
 def list_documents(c, collection: str) -> DocumentList:
@@ -566,27 +615,32 @@ def remove_document(c, collection: str, document: str) -> Deleted:
 
 
 def reindex_collection(c, collection: str, progress: ProgressFn | None = None) -> IngestReport:
-    """Re-embed every chunk with the configured model (after the model changed)."""
+    """Re-embed every chunk with the configured model (after the model changed).
+
+    The whole run holds the write lock, taken before the manifests are read: a batch another process
+    committed between that read and the lock died with the old collection and was called "unchanged"
+    forever after (issue 11 item 4). A kill at any step is recovered by `Store.recover_swaps`.
+    """
     started = time.perf_counter()
     c.store.refresh()
-    old = open_collection(c, collection, check_model=False)
-    manifests = c.store.registry_find("document", collection)
-    embedder = c.embedder
-    total = sum(int(m["chunk_count"]) for m in manifests.values())
-    report = IngestReport(collection=collection, files_seen=len(manifests))
+    open_collection(c, collection, check_model=False)  # fail fast on an unknown name
+    embedder = c.embedder  # loaded before the lock: other writers need not wait for the model
     notify = progress or (lambda p: None)
     with c.store.write_lock():
+        c.store.recover_swaps(only=collection)
+        old = open_collection(c, collection, check_model=False)
+        recover_interrupted(c, collection, old)
+        manifests = c.store.registry_find("document", collection)
+        total = sum(int(m["chunk_count"]) for m in manifests.values())
+        report = IngestReport(collection=collection, files_seen=len(manifests))
         meta = {k: v for k, v in (old.metadata or {}).items() if not k.startswith("hnsw:")}
         meta.update(embedding_model=c.settings.embedding_model, embedding_backend=c.settings.embedding_backend,
                     embedding_dimension=embedder.dimension)
-        # A new dimension needs a new Chroma collection: fill a temporary one, then swap names.
-        tmp_name = f"research-agent-tmp-{uuid.uuid4().hex[:8]}"
-        new = c.store.client.create_collection(tmp_name, metadata={"hnsw:space": "cosine", **meta},
-                                               embedding_function=None)
+        # A new dimension needs a new Chroma collection: fill a working copy, then swap names.
+        new = c.store.create_swap_copy(collection, meta)
         try:
             for done, m in enumerate(manifests.values(), start=1):
-                ids = version_ids(collection, [m])
-                got = old.get(ids=ids, include=["documents", "metadatas"])
+                got = old.get(ids=version_ids(collection, [m]), include=["documents", "metadatas"])
                 if got["ids"]:
                     vecs = embedder.embed_documents([embedding_text(md, t) for md, t in zip(got["metadatas"], got["documents"])])
                     new.upsert(ids=got["ids"], embeddings=vecs, documents=got["documents"], metadatas=got["metadatas"])
@@ -595,14 +649,9 @@ def reindex_collection(c, collection: str, progress: ProgressFn | None = None) -
                 notify(IngestProgress(stage="reindexing", files_done=done, files_total=len(manifests),
                                       chunks_done=report.chunks_written, chunks_total=total, current=m["document"]))
         except BaseException:
-            c.store.delete_collection(tmp_name)
+            c.store.delete_collection(new.name)
             raise
-        # Keep the old collection under a backup name until the new one carries the real name, so a
-        # crash here never loses the collection (`research-agent doctor` finishes or undoes the swap).
-        backup = f"research-agent-old-{uuid.uuid4().hex[:8]}-{collection}"[:500]
-        old.modify(name=backup)
-        new.modify(name=collection)
-        c.store.delete_collection(backup)
+        c.store.swap_in(old, new, collection)
         c.store.bump_revision(collection)
     report.seconds = round(time.perf_counter() - started, 3)
     return report

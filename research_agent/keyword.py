@@ -15,8 +15,10 @@ Tokens: lowercased words of 2+ characters, the Lucene English stop words, Snowba
 
 Typo tolerance: a query word whose stem is in no field's vocabulary is replaced by the corpus words
 within one edit (insertion, deletion, substitution or adjacent transposition) of it, most frequent
-first (at most `MAX_CORRECTIONS`). Candidates are generated from the query word (about 54 x length
-strings) and looked up in the corpus word set, so there is nothing extra to build with the index.
+first (at most `MAX_CORRECTIONS`). Candidates are generated from the query word (about 72 x length
+strings) and looked up in the corpus word set, so there is nothing extra to build with the index. Words
+longer than `MAX_CORRECTABLE_LEN` are not corrected: the candidates of an n-character word take about
+72 n^2 bytes, so a 2,000-character word cost ~300 MB of peak memory (measured), a 32-character one ~0.2 MB.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ KEYWORD_WEIGHT = 3
 #: many neighbours within one edit to guess which was meant).
 MAX_CORRECTIONS = 3
 MIN_CORRECTABLE_LEN = 4
+#: The longest word we try to correct: English words and identifiers worth guessing are shorter, and the
+#: candidate set grows with the square of the length (see the module docstring).
+MAX_CORRECTABLE_LEN = 32
 
 # The Lucene/Elasticsearch English stop words (bm25s's "en" list).
 STOP_WORDS = frozenset(
@@ -76,11 +81,18 @@ def edits1(word: str) -> set[str]:
 
 
 def index_text(chunk: Chunk, weights: tuple[int, int]) -> str:
-    """The text BM25 sees: content, title x weights[0], keywords x weights[1]."""
+    """The text BM25 sees: content, title x weights[0], keywords x weights[1].
+
+    Title, header path and keywords are capped here too (chunks stored before the caps hold them whole): a
+    long title repeated in every chunk's index text made keyword queries take 38 s and 2 GB.
+    """
+    from research_agent.chunking import TITLE_MAX_CHARS, cap_header_path, cap_list, cap_text
+
     meta = chunk.metadata
-    title = f"{meta.get('document_title', '')} {meta.get('header_path', '')}".strip()
+    title = f"{cap_text(str(meta.get('document_title') or ''), TITLE_MAX_CHARS)} " \
+            f"{cap_header_path(str(meta.get('header_path') or ''))}".strip()
     kw = meta.get("keywords") or []
-    keywords = " ".join(str(k) for k in (kw if isinstance(kw, list) else [kw]))
+    keywords = " ".join(cap_list([str(k) for k in (kw if isinstance(kw, list) else [kw])]))
     return " ".join([chunk.text] + [title] * weights[0] + [keywords] * weights[1])
 
 
@@ -124,8 +136,8 @@ class KeywordIndex:
         return stem in self.retriever.vocab_dict
 
     def corrections(self, word: str) -> list[str]:
-        """Corpus words one edit from `word`, most frequent first (empty for short words)."""
-        if len(word) < MIN_CORRECTABLE_LEN or word.isdigit():
+        """Corpus words one edit from `word`, most frequent first (empty for short, long or numeric words)."""
+        if not MIN_CORRECTABLE_LEN <= len(word) <= MAX_CORRECTABLE_LEN or word.isdigit():
             return []
         found = [w for w in edits1(word) if w in self.word_freq]
         found.sort(key=lambda w: (-self.word_freq[w], w))

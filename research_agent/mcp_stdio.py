@@ -9,6 +9,10 @@ server on the claimed streams, replaying that first message to the SDK, so its s
 middleware see the ordinary handshake, and dropping the SDK's duplicate answer (a difference between
 the two is logged; a test keeps them equal).
 
+Two more duties of the wire: a line the SDK cannot parse as a JSON-RPC message is answered here (the SDK
+logs it and sends nothing, so a client waiting on that id would hang), and once the client closes stdin the
+process exits within STDIN_EOF_GRACE_SECONDS, whatever a tool call is still waiting for.
+
 Only the standard library is imported at module level: this runs before anything heavy.
 """
 
@@ -19,6 +23,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from research_agent import __version__
@@ -36,6 +41,11 @@ data.type and data.guidance: -32602 invalid arguments, -32001 config, -32002 col
 #: The protocol revisions the pinned SDK (mcp 2.3.0) negotiates through `initialize`, oldest first; a client
 #: asking for another gets the newest (mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS).
 HANDSHAKE_PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+#: Seconds the process may take to wind down after the client closed stdin. Its answers can no longer be
+#: delivered; a tool call waiting for another process's write lock (RESEARCH_AGENT_LOCK_TIMEOUT, 60 s) kept
+#: it alive 143 s. A write cut short here is undone like a killed writer's (its intent record).
+STDIN_EOF_GRACE_SECONDS = 5.0
+PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
 #: What FastMCP 4.1.2 declares for this server (tools, resources and prompts registered; no subscriptions).
 CAPABILITIES = {"logging": {}, "prompts": {"listChanged": True},
                 "resources": {"subscribe": False, "listChanged": True}, "tools": {"listChanged": True}}
@@ -142,26 +152,99 @@ def release() -> None:
         _early = None
 
 
-class _ReplayStdin:
-    """The SDK's stdin: the first message again, then the rest of the stream."""
+def _error(request_id: Any, code: int, message: str, guidance: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": f"{message}. {guidance}",
+            "data": {"type": "InvalidRequest" if code != INVALID_PARAMS else "InvalidParams", "guidance": guidance,
+                     "retryable": False}}}
 
-    def __init__(self, first: str, rest: Any) -> None:
+
+def rejection(line: str) -> dict[str, Any] | None:
+    """The error response for a line the SDK rejected, or None when no answer is due (a notification or a
+    client's response: JSON-RPC answers neither)."""
+    guidance = 'Send one JSON object per line: {"jsonrpc": "2.0", "id": 1, "method": "...", "params": {...}}.'
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return _error(None, PARSE_ERROR, "Parse error: the line is not valid JSON", guidance)
+    if not isinstance(message, dict):
+        return _error(None, INVALID_REQUEST, "Invalid Request: expected a JSON object (batches are not supported)",
+                      guidance)
+    if "id" not in message or ("method" not in message and ("result" in message or "error" in message)):
+        return None
+    request_id = message["id"]
+    if isinstance(request_id, bool) or not isinstance(request_id, (int, str)):
+        return _error(None, INVALID_REQUEST, "Invalid Request: id must be a string or an integer", guidance)
+    if message.get("jsonrpc") != "2.0":
+        return _error(request_id, INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"', guidance)
+    if not isinstance(message.get("method"), str):
+        return _error(request_id, INVALID_REQUEST, 'Invalid Request: "method" must be a string', guidance)
+    if not isinstance(message.get("params", {}), dict):
+        return _error(request_id, INVALID_PARAMS, 'Invalid params: "params" must be a JSON object',
+                      "Send the method's arguments as an object (see tools/list for a tool's inputSchema).")
+    return _error(request_id, INVALID_REQUEST, "Invalid Request: the message does not match the JSON-RPC schema",
+                  guidance)
+
+
+class _ReplayStdin:
+    """The SDK's stdin: the first message again, then the rest of the stream; lines the SDK would drop
+    unanswered are answered through `reply` instead, and `on_eof` runs when the client closes stdin."""
+
+    def __init__(self, first: str, rest: Any, validate: Callable[[str], Any], reply: Callable[[dict], Any],
+                 on_eof: Callable[[], None]) -> None:
         self._first, self._rest = first, rest
+        self._validate, self._reply, self._on_eof = validate, reply, on_eof
 
     def __aiter__(self) -> Any:
         return self._lines()
 
     async def _lines(self) -> Any:
-        yield self._first
+        if await self._accept(self._first):
+            yield self._first
         async for line in self._rest:
-            yield line
+            if await self._accept(line):
+                yield line
+        self._on_eof()
+
+    async def _accept(self, line: str) -> bool:
+        if not line.strip():
+            return False
+        try:
+            self._validate(line)  # the SDK's own parser: what it accepts goes to it unchanged
+            return True
+        except Exception:
+            answer = rejection(line)
+        log.warning("rejected a malformed JSON-RPC line (%s): %.200s", "answered" if answer else "not answered",
+                    line.strip())
+        if answer is not None:
+            await self._reply(answer)
+        return False
+
+
+def exit_after_grace(seconds: float = STDIN_EOF_GRACE_SECONDS) -> None:
+    """The client is gone: end the process in `seconds` if it has not ended by itself (a daemon timer)."""
+    def stop() -> None:
+        log.warning("client closed stdin %g s ago and the server is still busy: exiting now", seconds)
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
 
 
 class _DedupStdout:
     """The SDK's stdout, minus its answer to the `initialize` that the early thread already answered."""
 
     def __init__(self, out: Any, answered: dict[str, Any] | None) -> None:
+        import anyio
+
         self._out, self._answered = out, answered
+        self._lock = anyio.Lock()  # our own replies and the SDK's share the stream, one whole line at a time
+
+    async def send(self, message: dict[str, Any]) -> None:
+        async with self._lock:
+            await self._out.write(json.dumps(message, separators=(",", ":")) + "\n")
+            await self._out.flush()
 
     async def write(self, data: str) -> None:
         if self._answered is not None:
@@ -174,10 +257,12 @@ class _DedupStdout:
                 if message != sent:
                     log.warning("early initialize answer differs from the SDK's: sent %s, SDK %s", sent, message)
                 return
-        await self._out.write(data)
+        async with self._lock:
+            await self._out.write(data)
+            await self._out.flush()
 
     async def flush(self) -> None:
-        await self._out.flush()
+        pass  # every write is flushed under the lock
 
 
 def serve(server: Any) -> None:
@@ -192,6 +277,7 @@ def serve(server: Any) -> None:
 
 async def _serve(server: Any, wire: Wire) -> None:
     import anyio
+    import mcp_types
     from fastmcp.server.context import reset_transport, set_transport
     from mcp.server.stdio import stdio_server
 
@@ -202,10 +288,13 @@ async def _serve(server: Any, wire: Wire) -> None:
             first = await anyio.to_thread.run_sync(wire.first_message, abandon_on_cancel=True)
             if not first:
                 return
-            stdin = _ReplayStdin(first, anyio.wrap_file(io.TextIOWrapper(wire.reader, encoding="utf-8",
-                                                                         errors="replace")))
             stdout = _DedupStdout(anyio.wrap_file(io.TextIOWrapper(os.fdopen(wire.out_fd, "wb", closefd=False),
                                                                    encoding="utf-8")), wire.answered)
+            stdin = _ReplayStdin(first, anyio.wrap_file(io.TextIOWrapper(wire.reader, encoding="utf-8",
+                                                                         errors="replace")),
+                                 validate=lambda line: mcp_types.jsonrpc_message_adapter.validate_json(
+                                     line, by_name=False),
+                                 reply=stdout.send, on_eof=exit_after_grace)
             async with stdio_server(stdin, stdout) as (read_stream, write_stream):
                 await server._mcp_server.run(read_stream, write_stream,
                                              server._mcp_server.create_initialization_options())

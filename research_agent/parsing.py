@@ -1,14 +1,55 @@
-"""File readers: turn markdown, text, code, PDF, HTML and DOCX files into one ParsedDocument shape."""
+"""File readers: turn markdown, text, code, PDF, HTML and DOCX files into one ParsedDocument shape.
+
+Every reader is bounded (issue 11): a hostile file ends in a DocumentError with a reason, fast, in
+bounded memory; it never hangs, crashes or eats the machine. The limits below are module constants
+so the lead can promote them to settings.
+"""
 
 from __future__ import annotations
 
+import codecs
 import datetime as _dt
+import io
+import logging
 import re
+import time
+import zipfile
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from research_agent.errors import DocumentError
+
+log = logging.getLogger(__name__)
+
+# -- limits ------------------------------------------------------------------------------------
+#: Total bytes a file may inflate to: the declared sizes of all DOCX zip entries, and the decoded
+#: content streams of all PDF pages. A 0.84 MB DOCX inflated to 300 MB of XML and took 3 GB.
+MAX_DECOMPRESSED_BYTES = 256 * 2**20
+#: XML parts of a DOCX: python-docx holds an lxml tree of them, up to 16x their size (38 MB of
+#: one-word paragraphs: 615 MB, 34 s; 300 MB of XML: 3 GB). Word writes roughly 1 KB of XML per
+#: paragraph, so 16 MB is some 10,000+ paragraphs.
+MAX_DOCX_XML_BYTES = 16 * 2**20
+#: Zip entries in a DOCX; Word writes 10-100.
+MAX_ZIP_ENTRIES = 10_000
+#: Pages in a PDF. A 300 KB file of 50,000 references to one page took 12 s and 48 MB.
+MAX_PDF_PAGES = 2_000
+#: One decoded PDF stream (pypdf's own default is 75 MB: one such page took 6 s and 346 MB).
+MAX_PDF_STREAM_BYTES = 16 * 2**20
+#: Wall time per file, checked between pages, paragraphs and HTML elements (no signals or threads,
+#: so it works in the MCP server's worker threads). A 5 KB PDF of 300 pages sharing one 1 MB
+#: content stream ran over 5 minutes.
+PARSE_SECONDS = 60.0
+#: Characters of extracted text per file: about three times what the default limit of 5,000 chunks
+#: of 350 tokens holds (some 7M characters).
+MAX_TEXT_CHARS = 20_000_000
+#: HTML elements: BeautifulSoup costs about 1 KB and 16 us per element (1M elements: 990 MB, 16 s).
+MAX_HTML_ELEMENTS = 250_000
+#: YAML front matter, raw and after expanding aliases and merge keys: 551 bytes of nested `<<: *a`
+#: merges took 2.7 GB and 50 s in yaml.safe_load (then a MemoryError, which ended the whole run).
+MAX_FRONT_MATTER_BYTES = 256 * 1024
+MAX_FRONT_MATTER_NODES = 50_000
 
 MARKDOWN_EXTENSIONS = frozenset({".md", ".markdown", ".mdx"})
 TEXT_EXTENSIONS = frozenset({".txt", ".rst"})
@@ -30,6 +71,11 @@ SUPPORTED_EXTENSIONS: frozenset[str] = frozenset(
 )
 
 _BINARY_SNIFF_BYTES = 8192
+# Longest first: the UTF-32 LE mark starts with the UTF-16 LE one.
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+# Control characters other than tab, newline, form feed and carriage return: binary if common.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
 _FRONT_MATTER_END = re.compile(r"^(?:---|\.\.\.)[ \t]*$", re.MULTILINE)
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _H1 = re.compile(r"^ {0,3}#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
@@ -47,6 +93,46 @@ class ParsedDocument:
     metadata: dict[str, Any] = field(default_factory=dict)
     code_language: str | None = None
     pages: list[tuple[int, str]] | None = None
+    #: Problems the reader worked around (e.g. front matter that did not parse): the file is still used.
+    warnings: list[str] = field(default_factory=list)
+
+
+class _Limits:
+    """One file's deadline and text budget, checked between pages, paragraphs and elements."""
+
+    def __init__(self, name: str, path: Path | None = None) -> None:
+        self.name = name or "document"
+        self.path = str(path) if path is not None else None
+        self.deadline = time.monotonic() + PARSE_SECONDS
+        self.chars = 0
+        self.inflated = 0
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise DocumentError(
+                f"{self.name} took more than {PARSE_SECONDS:g} s to parse",
+                guidance="Split the file, or convert it to plain text or markdown and ingest that.",
+                path=self.path,
+            )
+
+    def add_text(self, chars: int) -> None:
+        self.chars += chars
+        if self.chars > MAX_TEXT_CHARS:
+            raise DocumentError(
+                f"{self.name} holds more than {MAX_TEXT_CHARS:,} characters of text",
+                guidance="Split the file into smaller documents.",
+                path=self.path,
+            )
+
+    def add_inflated(self, size: int) -> None:
+        self.inflated += size
+        if self.inflated > MAX_DECOMPRESSED_BYTES:
+            raise DocumentError(
+                f"{self.name} inflates to more than {MAX_DECOMPRESSED_BYTES // 2**20} MB"
+                " (a compression bomb, or far larger than it looks)",
+                guidance="Split the file, or export it to plain text or markdown and ingest that.",
+                path=self.path,
+            )
 
 
 def detect_format(path: Path) -> str | None:
@@ -84,15 +170,29 @@ def parse_file(path: Path, *, max_bytes: int | None = None) -> ParsedDocument:
                 guidance="Raise the maximum file size setting or split the file.",
                 path=str(path),
             )
-        if fmt == "pdf":
-            return _parse_pdf(path)
-        if fmt == "docx":
-            return _parse_docx(path)
         raw = path.read_bytes()
     except OSError as exc:
         raise DocumentError(
             f"Cannot read {path.name}: {exc.strerror or exc}", guidance="Check the file's permissions.", path=str(path)
         ) from exc
+    return parse_bytes(raw, path)
+
+
+def parse_bytes(raw: bytes, path: Path) -> ParsedDocument:
+    """Parse a file's bytes already read, named by `path` (its extension picks the reader). Ingestion hashes
+    and parses the same bytes, so the stored hash always describes the indexed text, for PDF and DOCX too."""
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt is None:
+        raise DocumentError(
+            f"Unsupported file type: {path.name}",
+            guidance="Supported extensions: " + ", ".join(sorted(SUPPORTED_EXTENSIONS)),
+            path=str(path),
+        )
+    if fmt == "pdf":
+        return _parse_pdf(path, _Limits(path.name, path), raw)
+    if fmt == "docx":
+        return _parse_docx(path, _Limits(path.name, path), raw)
     return parse_text(_decode(raw, path), format=fmt, name=path.name)
 
 
@@ -100,15 +200,19 @@ def parse_text(text: str, *, format: str = "markdown", name: str = "") -> Parsed
     """Parse in-memory content (augmentation); `name` supplies the code language by extension."""
     text = _normalize_newlines(text)
     if format == "markdown":
-        metadata, body = _split_front_matter(text, name)
+        metadata, body, warnings = _split_front_matter(text, name)
         title = _first_str(metadata.get("title")) or _first_h1(body)
-        return ParsedDocument(text=body, format="markdown", title=title, metadata=metadata)
+        return ParsedDocument(text=body, format="markdown", title=title, metadata=metadata, warnings=warnings)
     if format == "text":
         return ParsedDocument(text=text, format="text")
     if format == "code":
         return ParsedDocument(text=text, format="code", code_language=CODE_LANGUAGES.get(Path(name).suffix.lower()))
     if format == "html":
-        return _parse_html(text)
+        try:
+            return _parse_html(text, _Limits(name))
+        except RecursionError as exc:  # our walk is iterative; this guards BeautifulSoup's own code
+            raise DocumentError(f"{name or 'The HTML'} is nested too deeply to read",
+                                guidance="Save the page as plain text or markdown and ingest that.") from exc
     raise DocumentError(
         f"Cannot parse in-memory content as {format!r}",
         guidance="Use one of: markdown, text, code, html (PDF and DOCX must be read from a file).",
@@ -120,46 +224,113 @@ def _normalize_newlines(text: str) -> str:
 
 
 def _decode(raw: bytes, path: Path) -> str:
-    if b"\x00" in raw[:_BINARY_SNIFF_BYTES]:
-        raise DocumentError(
-            f"{path.name} looks binary (NUL bytes), not text",
-            guidance="Only text, markdown, code, PDF, HTML and DOCX files can be ingested.",
-            path=str(path),
-        )
+    """UTF-8, or UTF-16/32 with a byte order mark, or BOM-less UTF-16 that is mostly ASCII; else refused."""
+    codec = next((c for bom, c in _BOMS if raw.startswith(bom)), None) or _sniff_utf16(raw)
+    if codec is None and b"\x00" in raw[:_BINARY_SNIFF_BYTES]:
+        raise _binary_error(path, "NUL bytes")
     try:
-        return raw.decode("utf-8-sig")
+        text = raw.decode(codec or "utf-8")
     except UnicodeDecodeError as exc:
+        if codec is not None:
+            raise _binary_error(path, f"not valid {codec.upper()}") from exc
         raise DocumentError(
             f"{path.name} is not valid UTF-8 text (bad byte at offset {exc.start})",
             guidance="Convert the file to UTF-8 (e.g. `iconv -t UTF-8`).",
             path=str(path),
         ) from exc
+    sample = text[:_BINARY_SNIFF_BYTES]
+    if codec is not None and len(_CONTROL.findall(sample)) > len(sample) // 100:
+        raise _binary_error(path, f"control characters once read as {codec.upper()}")
+    return text
 
 
-def _split_front_matter(text: str, name: str) -> tuple[dict[str, Any], str]:
+def _sniff_utf16(raw: bytes) -> str | None:
+    """Windows tools write UTF-16 LE without a BOM; mostly-ASCII text then has a NUL in every other byte."""
+    sample = raw[: _BINARY_SNIFF_BYTES & ~1]
+    half = len(sample) // 2
+    if half < 2:
+        return None
+    even, odd = sample[0::2].count(0), sample[1::2].count(0)
+    if odd >= 0.9 * half and even == 0:
+        return "utf-16-le"
+    if even >= 0.9 * half and odd == 0:
+        return "utf-16-be"
+    return None
+
+
+def _binary_error(path: Path, why: str) -> DocumentError:
+    return DocumentError(
+        f"{path.name} looks binary ({why}), not text",
+        guidance="Only text, markdown, code, PDF, HTML and DOCX files can be ingested.",
+        path=str(path),
+    )
+
+
+def _split_front_matter(text: str, name: str) -> tuple[dict[str, Any], str, list[str]]:
+    """Front matter, body and warnings. Front matter that does not parse is dropped with a warning and
+    the body is still used: 7 of 55 real model-card files were skipped whole when it raised."""
     if not (text.startswith("---\n") or text.rstrip("\n") == "---"):
-        return {}, text
+        return {}, text, []
     end = _FRONT_MATTER_END.search(text, 4)
     if end is None:
-        return {}, text  # an opening rule with no close is a horizontal rule, not front matter
+        return {}, text, []  # an opening rule with no close is a horizontal rule, not front matter
+    body = text[end.end() :].lstrip("\n")
+    try:
+        data = _load_front_matter(text[4 : end.start()])
+    except DocumentError as exc:
+        warning = f"Front matter of {name or 'document'} ignored: {exc.message}"
+        log.warning("%s", warning)
+        return {}, body, [warning]
+    if data is None:
+        return {}, body, []
+    if not isinstance(data, dict):
+        return {}, text, []  # a `---` delimited paragraph that happens to parse as a YAML scalar
+    return _clean_metadata(data), body, []
+
+
+def _load_front_matter(source: str) -> Any:
+    """yaml.safe_load, bounded in size and in nodes after aliases and merge keys are expanded."""
     import yaml
 
+    if len(source) > MAX_FRONT_MATTER_BYTES:
+        raise DocumentError(f"it is {len(source):,} characters, over the {MAX_FRONT_MATTER_BYTES:,} limit")
+    loader = yaml.SafeLoader(source)
     try:
-        data = yaml.safe_load(text[4 : end.start()])
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_nodes(node)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 2})" if where is not None else ""
-        raise DocumentError(
-            f"Invalid YAML front matter in {name or 'document'}{line}: {getattr(exc, 'problem', None) or exc}",
-            guidance="Fix the YAML between the leading '---' lines, or remove it.",
-            path=name or None,
-        ) from exc
-    body = text[end.end() :].lstrip("\n")
-    if data is None:
-        return {}, body
-    if not isinstance(data, dict):
-        return {}, text  # a `---` delimited paragraph that happens to parse as a YAML scalar
-    return _clean_metadata(data), body
+        raise DocumentError(f"invalid YAML{line}: {getattr(exc, 'problem', None) or exc}") from exc
+    except RecursionError as exc:
+        raise DocumentError("invalid YAML: nested too deeply") from exc
+    finally:
+        loader.dispose()
+
+
+def _check_yaml_nodes(root: Any) -> None:
+    """Count nodes and characters as construction would see them (an alias or merge counts again each
+    time it is used), stopping at the limit: PyYAML copies merged keys, so `<<: [*a, ... 9 times]`
+    nested 9 deep is 387M nodes."""
+    import yaml
+
+    seen, chars, stack = 0, 0, [root]
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_FRONT_MATTER_NODES:
+            raise DocumentError(f"it expands to more than {MAX_FRONT_MATTER_NODES:,} YAML nodes (aliases)")
+        if isinstance(node, yaml.ScalarNode):
+            chars += len(node.value)
+            if chars > MAX_FRONT_MATTER_BYTES:  # one long string used many times through an alias
+                raise DocumentError(f"it expands to more than {MAX_FRONT_MATTER_BYTES:,} characters (aliases)")
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(item for pair in node.value for item in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 def _clean_metadata(data: dict) -> dict[str, Any]:
@@ -237,29 +408,15 @@ def _markdown_table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _parse_pdf(path: Path) -> ParsedDocument:
+def _parse_pdf(path: Path, limits: _Limits, raw: bytes) -> ParsedDocument:
     import pypdf
 
     try:
-        reader = pypdf.PdfReader(str(path))
-        if reader.is_encrypted:
-            try:
-                # Many PDFs carry only an owner password; an empty user password opens them.
-                opened = reader.decrypt("")
-            except Exception:
-                opened = 0
-            if not opened:
-                raise DocumentError(
-                    f"{path.name} is an encrypted (password-protected) PDF",
-                    guidance="Save an unencrypted copy of the PDF and ingest that.",
-                    path=str(path),
-                )
-        pages = []
-        for number, page in enumerate(reader.pages, start=1):
-            text = _clean_pdf_text(page.extract_text() or "")
-            if text:
-                pages.append((number, text))
-        title = _first_str(reader.metadata.title) if reader.metadata else None
+        with _pdf_stream_limits(pypdf):
+            reader = pypdf.PdfReader(io.BytesIO(raw))
+            _unlock_pdf(reader, path)
+            pages = _pdf_pages(reader, limits)
+            title = _first_str(reader.metadata.title) if reader.metadata else None
     except DocumentError:
         raise
     except Exception as exc:  # pypdf raises many types for damaged files; all mean "unreadable"
@@ -277,44 +434,69 @@ def _parse_pdf(path: Path) -> ParsedDocument:
     return ParsedDocument(text="\n\n".join(t for _, t in pages), format="pdf", title=title, pages=pages)
 
 
+def _pdf_stream_limits(pypdf: Any) -> Any:
+    """pypdf's per-stream output limits, lowered to ours for this thread only (a context variable).
+    Older pypdf has no apply_configuration and keeps its own defaults; our page and time limits still hold."""
+    apply = getattr(pypdf, "apply_configuration", None)
+    if apply is None:
+        return nullcontext()
+    current = pypdf.get_configuration()
+    names = ("zlib_maximum_output_length", "lzw_maximum_output_length", "run_length_maximum_output_length",
+             "brotli_maximum_output_length", "array_based_stream_maximum_output_length")
+    return apply(**{n: min(getattr(current, n), MAX_PDF_STREAM_BYTES) for n in names if hasattr(current, n)})
+
+
+def _unlock_pdf(reader: Any, path: Path) -> None:
+    if not reader.is_encrypted:
+        return
+    try:
+        # Many PDFs carry only an owner password; an empty user password opens them.
+        opened = reader.decrypt("")
+    except Exception:
+        opened = 0
+    if not opened:
+        raise DocumentError(
+            f"{path.name} is an encrypted (password-protected) PDF",
+            guidance="Save an unencrypted copy of the PDF and ingest that.",
+            path=str(path),
+        )
+
+
+def _pdf_pages(reader: Any, limits: _Limits) -> list[tuple[int, str]]:
+    """Text per page, within the page, inflated-bytes, text and time limits."""
+    count = len(reader.pages)
+    if count > MAX_PDF_PAGES:
+        raise DocumentError(
+            f"{limits.name} has {count:,} pages, over the limit of {MAX_PDF_PAGES:,}",
+            guidance="Split the PDF into parts (e.g. `qpdf --split-pages=500`) and ingest those.",
+            path=limits.path,
+        )
+    pages = []
+    for number, page in enumerate(reader.pages, start=1):
+        limits.tick()
+        contents = page.get_contents()  # decoded once here; pypdf caches it for extract_text
+        limits.add_inflated(len(contents.get_data()) if contents is not None else 0)
+        text = _clean_pdf_text(page.extract_text() or "")
+        if text:
+            limits.add_text(len(text))
+            pages.append((number, text))
+    return pages
+
+
 def _clean_pdf_text(text: str) -> str:
     lines = [line.rstrip() for line in _normalize_newlines(text).split("\n")]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
-def _parse_docx(path: Path) -> ParsedDocument:
+def _parse_docx(path: Path, limits: _Limits, raw: bytes) -> ParsedDocument:
     import docx
-    from docx.table import Table
 
+    _check_docx_zip(path, limits, raw)
     try:
-        document = docx.Document(str(path))
-        blocks: list[str] = []
-        title = _first_str(document.core_properties.title)
-        in_list = False
-        for item in document.iter_inner_content():
-            if isinstance(item, Table):
-                blocks.append(_markdown_table([[cell.text for cell in row.cells] for row in item.rows]))
-                in_list = False
-                continue
-            text = item.text.strip()
-            if not text:
-                continue
-            style = (item.style.name if item.style is not None else "") or ""
-            level = _docx_heading_level(style)
-            if level:
-                blocks.append("#" * level + " " + _collapse(text))
-                title = title or (_collapse(text) if level == 1 else None)
-            elif style.lower().startswith("list"):
-                # Consecutive list paragraphs stay one markdown list so they chunk together.
-                if in_list:
-                    blocks[-1] += "\n- " + _collapse(text)
-                else:
-                    blocks.append("- " + _collapse(text))
-                in_list = True
-                continue
-            else:
-                blocks.append(_escape_prose(text))
-            in_list = False
+        document = docx.Document(io.BytesIO(raw))
+        title, blocks = _docx_blocks(document, limits)
+    except DocumentError:
+        raise
     except Exception as exc:  # python-docx raises zip, XML and key errors for damaged files
         raise DocumentError(
             f"{path.name} is not a readable DOCX file ({type(exc).__name__}: {exc})",
@@ -322,6 +504,92 @@ def _parse_docx(path: Path) -> ParsedDocument:
             path=str(path),
         ) from exc
     return ParsedDocument(text="\n\n".join(b for b in blocks if b), format="docx", title=title)
+
+
+def _check_docx_zip(path: Path, limits: _Limits, raw: bytes) -> None:
+    """Refuse a zip bomb before python-docx inflates it. The declared sizes can be trusted as a bound:
+    zipfile never returns more than an entry's declared size (more fails its CRC check)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:  # python-docx would say the same, later
+        raise DocumentError(
+            f"{path.name} is not a readable DOCX file ({type(exc).__name__}: {exc})",
+            guidance="Open and re-save the file in Word or LibreOffice, or export it as PDF.",
+            path=str(path),
+        ) from exc
+    if len(entries) > MAX_ZIP_ENTRIES:
+        raise DocumentError(
+            f"{path.name} holds {len(entries):,} zip entries, over the limit of {MAX_ZIP_ENTRIES:,}",
+            guidance="This is not an ordinary Word document; open and re-save it, or export it as PDF.",
+            path=str(path),
+        )
+    xml = sum(e.file_size for e in entries if e.filename.lower().endswith((".xml", ".rels")))
+    if xml > MAX_DOCX_XML_BYTES:
+        raise DocumentError(
+            f"{path.name} inflates to {xml / 2**20:.0f} MB of XML, over the {MAX_DOCX_XML_BYTES // 2**20} MB"
+            " limit (a compression bomb, or a very long document)",
+            guidance="Split the document, or export it to plain text or markdown and ingest that.",
+            path=str(path),
+        )
+    limits.add_inflated(sum(e.file_size for e in entries))
+
+
+def _docx_blocks(document: Any, limits: _Limits) -> tuple[str | None, list[str]]:
+    """Markdown blocks for paragraphs, headings, lists and tables, within the text and time limits."""
+    from docx.table import Table
+
+    blocks: list[str] = []
+    title = _first_str(document.core_properties.title)
+    style_name = _docx_style_names(document)
+    in_list = False
+    for item in document.iter_inner_content():
+        limits.tick()
+        if isinstance(item, Table):
+            blocks.append(_docx_table(item))
+            limits.add_text(len(blocks[-1]))
+            in_list = False
+            continue
+        text = item.text.strip()
+        if not text:
+            continue
+        limits.add_text(len(text))
+        style = style_name(item._p.style)
+        level = _docx_heading_level(style)
+        if level:
+            blocks.append("#" * level + " " + _collapse(text))
+            title = title or (_collapse(text) if level == 1 else None)
+        elif style.lower().startswith("list"):
+            # Consecutive list paragraphs stay one markdown list so they chunk together.
+            if in_list:
+                blocks[-1] += "\n- " + _collapse(text)
+            else:
+                blocks.append("- " + _collapse(text))
+            in_list = True
+            continue
+        else:
+            blocks.append(_escape_prose(text))
+        in_list = False
+    return title, blocks
+
+
+def _docx_style_names(document: Any) -> Any:
+    """Paragraph style id -> name, looked up once: python-docx's `paragraph.style` scans every style
+    (164 in Word's template) for each unstyled paragraph, 1.5 ms each: 25,000 paragraphs took 45 s."""
+    from docx.enum.style import WD_STYLE_TYPE
+
+    names = {s.style_id: s.name or "" for s in document.styles}
+    default = document.styles.default(WD_STYLE_TYPE.PARAGRAPH)
+    fallback = (default.name or "") if default is not None else ""
+    return lambda style_id: names.get(style_id, fallback) if style_id else fallback
+
+
+def _docx_table(table: Any) -> str:
+    """One markdown cell per <w:tc>: python-docx's row.cells repeats a cell once per grid column it
+    spans, so one `w:gridSpan="100000000"` in a few bytes of XML would make 100M cell objects."""
+    from docx.table import _Cell
+
+    return _markdown_table([[_Cell(tc, table).text for tc in row._tr.tc_lst] for row in table.rows])
 
 
 def _docx_heading_level(style: str) -> int:
@@ -339,9 +607,10 @@ _HTML_BLOCKS = {
 }
 
 
-def _parse_html(html: str) -> ParsedDocument:
+def _parse_html(html: str, limits: _Limits) -> ParsedDocument:
     from bs4 import BeautifulSoup
 
+    _check_html_elements(html, limits)
     soup = BeautifulSoup(html, "lxml")
     title = _first_str(_collapse(soup.title.get_text())) if soup.title else None
     for tag in soup.find_all(_HTML_DROP):
@@ -353,10 +622,41 @@ def _parse_html(html: str) -> ParsedDocument:
     root = soup.find("main") or soup.find("article") or soup.body or soup
     if title is None and (h1 := soup.find("h1")):
         title = _first_str(_collapse(h1.get_text(" ")))
-    return ParsedDocument(text=_html_to_markdown(root), format="html", title=title)
+    return ParsedDocument(text=_html_to_markdown(root, limits), format="html", title=title)
 
 
-def _html_to_markdown(root: Any) -> str:
+class _ElementCounter:
+    """An lxml parser target that only counts start tags: no tree, so no memory, at libxml2 speed."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def start(self, tag: str, attrib: Any) -> None:
+        self.count += 1
+
+    def close(self) -> int:
+        return self.count
+
+
+def _check_html_elements(html: str, limits: _Limits) -> None:
+    """Refuse a page BeautifulSoup cannot hold: it costs about 1 KB and 16 us per element."""
+    from lxml import etree
+
+    parser = etree.HTMLParser(target=_ElementCounter(), recover=True, no_network=True)
+    try:
+        parser.feed(html)
+        count = parser.close()
+    except etree.LxmlError:
+        return  # BeautifulSoup recovers from what lxml refuses; the walk's limits still hold
+    if count > MAX_HTML_ELEMENTS:
+        raise DocumentError(
+            f"{limits.name} has {count:,} HTML elements, over the limit of {MAX_HTML_ELEMENTS:,}",
+            guidance="Split the page, or save it as plain text or markdown and ingest that.",
+        )
+
+
+def _html_to_markdown(root: Any, limits: _Limits) -> str:
+    """Depth-first walk with an explicit stack: 1,000 nested <div>s overflowed the recursive version."""
     from bs4.element import NavigableString, PreformattedString, Tag
 
     blocks: list[str] = []
@@ -366,47 +666,56 @@ def _html_to_markdown(root: Any) -> str:
         text = _collapse("".join(inline))
         inline.clear()
         if text:
+            limits.add_text(len(text))
             blocks.append(_escape_prose(text))
 
-    def walk(node: Tag) -> None:
-        for child in node.children:
-            if isinstance(child, NavigableString):
-                if not isinstance(child, PreformattedString):  # comments, doctype, CDATA
-                    inline.append(str(child))
-                continue
-            if not isinstance(child, Tag):
-                continue
-            name = child.name
-            if name in _HTML_HEADINGS:
+    stack: list[tuple[Any, bool]] = [(iter(root.children), False)]  # (children left, flush when done)
+    steps = 0
+    while stack:
+        child = next(stack[-1][0], None)
+        if child is None:
+            if stack.pop()[1]:
                 flush()
-                if text := _collapse(child.get_text(" ")):
-                    blocks.append("#" * _HTML_HEADINGS[name] + " " + text)
-            elif name == "pre":
+            continue
+        steps += 1
+        if steps % 1000 == 1:
+            limits.tick()
+        if isinstance(child, NavigableString):
+            if not isinstance(child, PreformattedString):  # comments, doctype, CDATA
+                inline.append(str(child))
+        elif isinstance(child, Tag) and not _html_leaf_block(child, blocks, inline, flush):
+            is_block = child.name in _HTML_BLOCKS
+            if is_block:
                 flush()
-                if child.get_text().strip():
-                    blocks.append(_fenced(child.get_text(), _html_code_language(child)))
-            elif name == "table":
-                flush()
-                rows = [[c.get_text(" ") for c in tr.find_all(["th", "td"])] for tr in child.find_all("tr")]
-                if table := _markdown_table(rows):
-                    blocks.append(table)
-            elif name in ("ul", "ol"):
-                flush()
-                items = [_collapse(li.get_text(" ")) for li in child.find_all("li", recursive=False)]
-                if items := [i for i in items if i]:
-                    blocks.append("\n".join("- " + i for i in items))
-            elif name == "code":
-                inline.append(f"`{child.get_text()}`")
-            elif name in _HTML_BLOCKS:
-                flush()
-                walk(child)
-                flush()
-            else:
-                walk(child)
-
-    walk(root)
+            stack.append((iter(child.children), is_block))
     flush()
     return "\n\n".join(blocks)
+
+
+def _html_leaf_block(tag: Any, blocks: list[str], inline: list[str], flush: Any) -> bool:
+    """Render a heading, pre, table, list or inline code whole; False for a tag to walk into."""
+    name = tag.name
+    if name == "code":
+        inline.append(f"`{tag.get_text()}`")
+        return True
+    if name not in _HTML_HEADINGS and name not in ("pre", "table", "ul", "ol"):
+        return False
+    flush()
+    if name in _HTML_HEADINGS:
+        if text := _collapse(tag.get_text(" ")):
+            blocks.append("#" * _HTML_HEADINGS[name] + " " + text)
+    elif name == "pre":
+        if tag.get_text().strip():
+            blocks.append(_fenced(tag.get_text(), _html_code_language(tag)))
+    elif name == "table":
+        rows = [[c.get_text(" ") for c in tr.find_all(["th", "td"])] for tr in tag.find_all("tr")]
+        if table := _markdown_table(rows):
+            blocks.append(table)
+    else:
+        items = [_collapse(li.get_text(" ")) for li in tag.find_all("li", recursive=False)]
+        if items := [i for i in items if i]:
+            blocks.append("\n".join("- " + i for i in items))
+    return True
 
 
 def _html_code_language(pre: Any) -> str:

@@ -111,26 +111,54 @@ FILTER_FIELDS = {"content_type": "content_type", "kind": "kind", "node_type": "n
                  "tags": "keywords", "keywords": "keywords", "code_language": "code_language",
                  "document": "source_document", "collection": "collection"}
 _LIST_FIELDS = {"keywords"}
-_Scalar = (str, int, float, bool)
+#: Bounds on a filter: values per field and characters per value. Chroma's SQLite store fails on about
+#: 32,000 values ("too many SQL variables", a -32000) and the keyword side tests each chunk against each
+#: value, so a list far past any real need is a mistake to report, not to run.
+MAX_FILTER_VALUES = 100
+MAX_FILTER_VALUE_CHARS = 500
 
 
-def validate_filters(filters: Any) -> dict[str, list[Any]]:
-    """{name: [accepted values]} from a filters dict; a value may be a scalar or a list (any of)."""
+def _filter_error(key: str, problem: str) -> QueryError:
+    return QueryError(f"Filter {key!r} {problem}", filter=str(key)[:100],
+                      guidance=f"Give text values, one or a list of up to {MAX_FILTER_VALUES}: for example "
+                               f"{{\"{key}\": \"value\"}} or {{\"{key}\": [\"a\", \"b\"]}}. Operators such as "
+                               "$in or $ne are not supported.")
+
+
+def _filter_value(key: str, value: Any) -> str:
+    """One filter value as the text it matches: every filter field holds text, so a whole number matches its
+    digits ({"tags": 3} finds the keyword "3") in every mode alike; other types are errors rather than
+    values that Chroma rejects on the dense side (mixed types, NaN) and the keyword side silently misses."""
+    if isinstance(value, str):
+        if len(value) > MAX_FILTER_VALUE_CHARS:
+            raise _filter_error(key, f"has a value of {len(value)} characters; the limit is {MAX_FILTER_VALUE_CHARS}")
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return str(int(value))
+    shown = f" ({value})" if isinstance(value, float) else ""  # never str() a nested list: it may be huge
+    raise _filter_error(key, f"has a value of type {type(value).__name__}{shown}; values are text or whole numbers")
+
+
+def validate_filters(filters: Any) -> dict[str, list[str]]:
+    """{name: [accepted values as text]} from a filters dict; a value may be one value or a list (any of)."""
     if filters is None:
         return {}
     if not isinstance(filters, dict):
         raise QueryError("filters must be a mapping of field to value",
                          guidance=f"For example {{\"content_type\": \"code_block\"}}; fields: {', '.join(FILTER_FIELDS)}.")
-    out: dict[str, list[Any]] = {}
+    out: dict[str, list[str]] = {}
     for key, value in filters.items():
         if key not in FILTER_FIELDS:
             raise QueryError(f"Unknown filter {key!r}", filter=str(key)[:100],
                              guidance=f"Filter on one of: {', '.join(FILTER_FIELDS)}.")
-        values = value if isinstance(value, (list, tuple, set)) else [value]
-        values = [v for v in values if v is not None]
-        if not values or not all(isinstance(v, _Scalar) for v in values):
-            raise QueryError(f"Filter {key!r} needs a value or a list of values (strings, numbers)",
-                             guidance=f"For example {{\"{key}\": \"value\"}} or {{\"{key}\": [\"a\", \"b\"]}}.")
+        values = list(value) if isinstance(value, (list, tuple, set)) else [value]
+        if len(values) > MAX_FILTER_VALUES:
+            raise _filter_error(key, f"has {len(values)} values; the limit is {MAX_FILTER_VALUES}")
+        values = [_filter_value(key, v) for v in values if v is not None]
+        if not values:
+            raise _filter_error(key, "needs a value")
         out[key] = list(dict.fromkeys(values))
     return out
 

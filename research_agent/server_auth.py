@@ -1,7 +1,17 @@
-"""Who may talk to the HTTP server: no auth on loopback only, bearer tokens, or an `X-API-Key` header.
+"""Who may talk to the HTTP server, and how much of it one client may hold.
 
-The check is one small ASGI middleware in front of the whole app (the MCP endpoint and anything else),
-with `/health` left public; a refused request gets 401 and nothing else (no hint which part was wrong).
+- `HostOriginGuard`: DNS rebinding. A web page on evil.example whose name resolves to 127.0.0.1 reaches a
+  loopback server with `Host`/`Origin: evil.example:PORT`; every route refuses a foreign Host (421) and a
+  present, foreign Origin (403). FastMCP 4.1.2 has a guard (`host_origin_protection`, off by default) but it
+  ignores ports: any loopback Origin passes, so a page served by another local web app (http://localhost:3000)
+  would too. Ours compares host and port.
+- `AuthMiddleware`: no auth on loopback only, bearer tokens, or an `X-API-Key` header; `/health` is public; a
+  refused request gets 401 and nothing else (no hint which part was wrong).
+- `SessionLimiter`: at most `max_http_sessions` streamable-HTTP sessions; at the cap an idle one ends instead
+  of the newcomer being refused (the SDK answers 503 at its own cap of 10,000, and sessions lived 30 minutes:
+  a flood of `initialize` calls locked every new client out that long).
+- `header_timeout_protocol`: uvicorn closes idle keep-alive connections but waits forever for the first
+  request headers; this closes a connection that has not sent them within `http_header_timeout`.
 """
 
 from __future__ import annotations
@@ -9,13 +19,22 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import logging
+from collections import OrderedDict
 from typing import Any
+from urllib.parse import urlsplit
 
 from research_agent.errors import ConfigError
+
+log = logging.getLogger("research_agent.mcp")
 
 AUTH_TYPES = ("none", "bearer", "api-key")
 PUBLIC_PATHS = frozenset({"/health"})
 _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+#: Shorter keys can be guessed; 16 random characters are about 95 bits (a `secrets.token_urlsafe(32)` is 43).
+MIN_API_KEY_CHARS = 16
+#: The names a loopback server is reached by; with the bound port they are the default allowed Hosts.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
 def is_loopback(host: str) -> bool:
@@ -51,7 +70,111 @@ def check_http_settings(settings: Any) -> tuple[str, list[str]]:
             f"auth_type {auth} needs at least one key",
             guidance="Set RESEARCH_AGENT_API_KEYS to one or more comma-separated secrets (long random strings).",
         )
+    short = sum(len(k) < MIN_API_KEY_CHARS for k in keys)
+    if short:
+        raise ConfigError(
+            f"{short} of the {len(keys)} keys in RESEARCH_AGENT_API_KEYS is shorter than {MIN_API_KEY_CHARS} "
+            f"characters; keys must be at least {MIN_API_KEY_CHARS} characters long",
+            guidance='Generate one with: python -c "import secrets; print(secrets.token_urlsafe(32))".',
+        )
     return auth, keys
+
+
+def _refuse(status: int, error: str, extra: list[tuple[bytes, bytes]] | None = None) -> tuple[dict, dict]:
+    body = json.dumps({"error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    return ({"type": "http.response.start", "status": status, "headers": headers + (extra or [])},
+            {"type": "http.response.body", "body": body})
+
+
+async def _send_refusal(send: Any, status: int, error: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    for message in _refuse(status, error, extra):
+        await send(message)
+
+
+def _split_host(value: str) -> tuple[str, int | None]:
+    """'Example.com:8765' -> ('example.com', 8765); '[::1]:80' -> ('[::1]', 80); a bad port -> port -1."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        host, _, rest = value.partition("]")
+        host, port = host + "]", rest[1:] if rest.startswith(":") else ""
+    elif value.count(":") == 1:
+        host, _, port = value.partition(":")
+    else:
+        host, port = value, ""
+    if not port:
+        return host, None
+    return host, int(port) if port.isdigit() else -1
+
+
+def _bracketed(host: str) -> str:
+    host = host.strip().lower()
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def allowed_hosts(settings: Any) -> list[str]:
+    """Host header values the server answers: its loopback names and bind address at its port, plus the
+    user's `allowed_hosts` (`name` for any port, `name:port`, `*` for anything)."""
+    port, bind = int(settings.port), _bracketed(settings.host)
+    own = list(LOOPBACK_HOSTS) + ([bind] if bind not in ("0.0.0.0", "[::]", "") else [])
+    return list(dict.fromkeys([f"{h}:{port}" for h in own] + [str(h).strip().lower() for h in settings.allowed_hosts]))
+
+
+def allowed_origins(settings: Any) -> list[str]:
+    """Origin header values accepted: the server's own origins (http://<loopback name or bind address>:<port>)
+    plus the user's `allowed_origins` (`*` for any)."""
+    user = {str(h).strip().lower() for h in settings.allowed_hosts}
+    own = [f"http://{h}" for h in allowed_hosts(settings) if h not in user]
+    return own + [str(o).strip() for o in settings.allowed_origins]
+
+
+def _host_allowed(value: str, allowed: list[str]) -> bool:
+    host, port = _split_host(value)
+    for entry in allowed:
+        want_host, want_port = _split_host(entry)
+        if entry == "*" or (host == want_host and want_port in (None, port)):
+            return True
+    return False
+
+
+def _normalize_origin(value: str) -> str:
+    """'HTTPS://App.example/' -> 'https://app.example:443'; anything unparsable stays as given, lower-cased."""
+    value = value.strip().lower().rstrip("/")
+    try:
+        parts = urlsplit(value)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return value
+    if not parts.hostname or port is None:
+        return value
+    return f"{parts.scheme}://{_bracketed(parts.hostname)}:{port}"
+
+
+def _origin_allowed(value: str, allowed: list[str]) -> bool:
+    origin = _normalize_origin(value)
+    return any(entry == "*" or _normalize_origin(entry) == origin for entry in allowed)
+
+
+class HostOriginGuard:
+    """Pure ASGI, outermost: 421 for a foreign Host, 403 for a foreign Origin (none at all is fine: only
+    browsers send one, and non-browser clients cannot be rebound), on every route, /health included."""
+
+    def __init__(self, app: Any, hosts: list[str], origins: list[str]) -> None:
+        self.app, self.hosts, self.origins = app, hosts, origins
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {name.lower(): value.decode("latin-1") for name, value in scope.get("headers", [])}
+        if not _host_allowed(headers.get(b"host", ""), self.hosts):
+            log.warning("refused a request for Host %r (not in allowed hosts)", headers.get(b"host", "")[:100])
+            await _send_refusal(send, 421, "misdirected request: unknown Host")
+        elif b"origin" in headers and not _origin_allowed(headers[b"origin"], self.origins):
+            log.warning("refused a request from Origin %r (not in allowed origins)", headers[b"origin"][:100])
+            await _send_refusal(send, 403, "forbidden origin")
+        else:
+            await self.app(scope, receive, send)
 
 
 class AuthMiddleware:
@@ -85,12 +208,138 @@ class AuthMiddleware:
         if self._authorized(headers):
             await self.app(scope, receive, send)
             return
-        body = json.dumps({"error": "unauthorized"}).encode()
-        response_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if self.auth_type == "bearer":
-            response_headers.append((b"www-authenticate", b'Bearer realm="research-agent"'))
-        await send({"type": "http.response.start", "status": 401, "headers": response_headers})
-        await send({"type": "http.response.body", "body": body})
+        extra = [(b"www-authenticate", b'Bearer realm="research-agent"')] if self.auth_type == "bearer" else []
+        await _send_refusal(send, 401, "unauthorized", extra)
+
+SESSION_HEADER = b"mcp-session-id"
+#: Requests a session makes for `initialize` and `notifications/initialized`; a session that made no more was
+#: never used, and is the first to end at the cap.
+_HANDSHAKE_REQUESTS = 2
 
 
-__all__ = ["AUTH_TYPES", "AuthMiddleware", "check_http_settings", "is_loopback"]
+class SessionLimiter:
+    """Pure ASGI in front of the MCP endpoint: keeps the SDK's sessions at or under `max_sessions`.
+
+    The SDK (mcp 2.3.0) refuses a new session with 503 once 10,000 are open and ends a session after 30 idle
+    minutes, so 10,000 bare `initialize` calls locked every new client out for half an hour. Here, before a
+    request that opens a session, idle sessions (no request in flight, no open GET stream) are ended while
+    the cap is reached: those never used after the handshake first, then the least recently used. An ended
+    session's next request gets 404, after which an MCP client re-initializes (the spec's rule). Only when
+    every session is busy is the newcomer refused (503). This reads the session manager's private
+    `_server_instances`, `_discard_session` and transport `_requests_in_flight` (pinned SDK; a test covers it).
+    """
+
+    def __init__(self, app: Any, max_sessions: int, path: str = "/mcp") -> None:
+        self.app, self.max_sessions, self.path = app, max_sessions, path
+        self._requests: OrderedDict[str, int] = OrderedDict()  # session id -> requests, least recent first
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path", "").rstrip("/") != self.path:
+            await self.app(scope, receive, send)
+            return
+        session = dict(scope.get("headers", [])).get(SESSION_HEADER)
+        if session is not None:
+            sid = session.decode("latin-1")
+            if sid in self._requests:
+                self._requests[sid] += 1
+                self._requests.move_to_end(sid)
+            await self.app(scope, receive, send)
+            return
+        manager = _session_manager(scope)
+        if manager is not None and not await self._make_room(manager):
+            log.warning("refused a new MCP session: all %d sessions are busy", self.max_sessions)
+            await _send_refusal(send, 503, "too many busy sessions")
+            return
+        await self.app(scope, receive, self._recording(send))
+
+    def _recording(self, send: Any) -> Any:
+        async def record(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                sid = dict(message.get("headers", [])).get(SESSION_HEADER)
+                if sid is not None:
+                    self._requests[sid.decode("latin-1")] = 1
+            await send(message)
+        return record
+
+    def _victim(self, sessions: dict[str, Any]) -> str | None:
+        idle = [sid for sid in sessions if not getattr(sessions[sid], "_requests_in_flight", 0)]
+        if not idle:
+            return None
+        order = {sid: n for n, sid in enumerate(self._requests)}
+        # Never used first, then least recently used; sessions we never saw (none, normally) count as oldest.
+        return min(idle, key=lambda sid: (self._requests.get(sid, 0) > _HANDSHAKE_REQUESTS, order.get(sid, -1)))
+
+    async def _make_room(self, manager: Any) -> bool:
+        sessions = manager._server_instances
+        for sid in [s for s in self._requests if s not in sessions]:
+            del self._requests[sid]  # ended by the client (DELETE) or the idle timeout
+        while len(sessions) >= self.max_sessions:
+            sid = self._victim(sessions)
+            if sid is None:
+                return False
+            await manager._discard_session(sid, sessions[sid])  # forgets it at once, then terminates it
+            self._requests.pop(sid, None)
+            log.info("ended idle MCP session %s to make room (max_http_sessions=%d)", sid[:8], self.max_sessions)
+        return True
+
+
+def _session_manager(scope: dict[str, Any]) -> Any:
+    """The streamable-HTTP session manager of the Starlette app serving this request (FastMCP sets it on the
+    MCP route's endpoint when the app starts)."""
+    for route in getattr(scope.get("app"), "routes", ()):
+        manager = getattr(getattr(route, "endpoint", None), "session_manager", None)
+        if manager is not None and hasattr(manager, "_server_instances"):
+            return manager
+    return None
+
+
+def header_timeout_protocol(seconds: float) -> type:
+    """uvicorn's HTTP protocol class with a deadline for request headers.
+
+    uvicorn 0.54 times out idle keep-alive connections (5 s) but arms nothing when a connection opens, nor
+    while headers trickle in: a socket that sends nothing, or a byte a minute, holds a descriptor forever, and
+    enough of them starve real clients (descriptors run out). The deadline is armed when a connection opens
+    and when a new request starts on a kept-alive one; if no request's headers have completed by then, the
+    connection is closed.
+    """
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    except ImportError:  # uvicorn without httptools uses h11; the hooks below exist on both
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
+    class HeaderTimeoutProtocol(base):  # type: ignore[misc, valid-type]
+        _header_timer: Any = None
+        _armed_cycle: Any = None
+
+        def _arm(self) -> None:
+            self._armed_cycle = self.cycle
+            self._header_timer = self.loop.call_later(seconds, self._header_deadline)
+
+        def _header_deadline(self) -> None:
+            self._header_timer = None
+            if self.cycle is self._armed_cycle and not self.transport.is_closing():
+                self.transport.close()  # no request's headers arrived in time
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            between_requests = self.cycle is None or self.cycle.response_complete
+            if between_requests and (self._header_timer is None or self._armed_cycle is not self.cycle):
+                if self._header_timer is not None:
+                    self._header_timer.cancel()
+                self._arm()  # a new request on a kept-alive connection
+            super().data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
+
+
+__all__ = ["AUTH_TYPES", "MIN_API_KEY_CHARS", "AuthMiddleware", "HostOriginGuard", "SessionLimiter",
+           "allowed_hosts", "allowed_origins", "check_http_settings", "header_timeout_protocol", "is_loopback"]

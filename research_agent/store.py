@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
+import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +26,15 @@ RESERVED_PREFIX = "research-agent-"
 _NAME_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9._-]{1,510})[a-zA-Z0-9]$")
 _PAGE = 5000
 MAX_NAMES = 500  # collection names accepted in one call
+# `kb reindex` fills `research-agent-tmp-<8 hex>-<name>`, then renames the live collection to
+# `research-agent-old-<8 hex>-<name>` and the copy to `<name>`: the names say whose they are, so a crash at
+# any step is recovered from the names alone (28 characters of prefix: names over 484 cannot be reindexed).
+TMP_PREFIX = RESERVED_PREFIX + "tmp-"
+BACKUP_PREFIX = RESERVED_PREFIX + "old-"
+SWAP_PREFIX_CHARS = len(BACKUP_PREFIX) + 9
+# How often a reader or writer re-tries a busy read gate (seconds, doubling from the first to the last): a commit
+# of one ingest batch takes tens of milliseconds, so the first retries come soon and the poll stays cheap.
+_GATE_POLL = (0.002, 0.05)
 
 
 def validate_name(name: str, what: str = "collection") -> str:
@@ -38,6 +49,75 @@ def validate_name(name: str, what: str = "collection") -> str:
     if name.startswith(RESERVED_PREFIX):
         raise CollectionError(f"The {what} name prefix {RESERVED_PREFIX!r} is reserved.", guidance="Pick another name.")
     return name
+
+
+def swap_name(prefix: str, collection: str) -> str:
+    """The temporary or backup name of `collection` during a reindex."""
+    if len(collection) + SWAP_PREFIX_CHARS > 512:
+        raise CollectionError(f"The name of {collection[:60]!r}... is too long to reindex",
+                              guidance=f"Names of at most {512 - SWAP_PREFIX_CHARS} characters can be reindexed.")
+    return f"{prefix}{uuid.uuid4().hex[:8]}-{collection}"
+
+
+def swap_target(name: str) -> str | None:
+    """The collection a reindex's temporary or backup collection belongs to (None for other names)."""
+    for prefix in (TMP_PREFIX, BACKUP_PREFIX):
+        if name.startswith(prefix) and len(name) > SWAP_PREFIX_CHARS and name[SWAP_PREFIX_CHARS - 1] == "-":
+            return name[SWAP_PREFIX_CHARS:]
+    return None
+
+
+def is_swap_leftover(name: str) -> bool:
+    return name.startswith((TMP_PREFIX, BACKUP_PREFIX))
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    try:
+        import httpx
+    except ImportError:  # pragma: no cover - chromadb depends on httpx
+        return False
+    return isinstance(exc, httpx.TransportError)
+
+
+class _ServerGuard:
+    """A Chroma server client (or one of its collections) whose dropped connections are retryable errors.
+
+    Trigger: the server is down or dies mid-run (issue 11 item 14). Why: httpx's errors surfaced as exit 1,
+    and `get_collection` took them for "not found" (exit 4, "create it"). Outcome: StoreUnavailableError
+    (exit 3, -32001, retryable) at whichever call lost the connection.
+    """
+
+    def __init__(self, target: Any, location: str) -> None:
+        self._target = target
+        self._location = location
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = attr(*args, **kwargs)
+            except Exception as exc:
+                if _is_transport_error(exc):
+                    raise unreachable(self._location, exc) from None
+                raise
+            if hasattr(result, "upsert"):
+                return _ServerGuard(result, self._location)
+            if isinstance(result, list):
+                return [_ServerGuard(r, self._location) if hasattr(r, "upsert") else r for r in result]
+            return result
+
+        return call
+
+
+def unreachable(location: str, exc: BaseException) -> StoreUnavailableError:
+    return StoreUnavailableError(
+        f"Chroma server at {location} is unreachable ({type(exc).__name__})",
+        guidance="Start it with `chroma run --path DIR --host HOST --port PORT` (or fix --chroma-host/--chroma-port) "
+        "and run the command again: interrupted writes are finished or undone on the next run.",
+    )
 
 
 class _SharedExclusiveLock:
@@ -77,6 +157,97 @@ class _SharedExclusiveLock:
             if self._depth == 0:
                 self._owner = None
                 self._cond.notify_all()
+
+
+def _flock(path: Path, exclusive: bool, deadline: float) -> int | None:
+    """An open descriptor of `path` holding a shared or exclusive flock, or None once `deadline` has passed."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    delay = _GATE_POLL[0]
+    while True:
+        try:
+            fcntl.flock(fd, op)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(delay)
+            delay = min(delay * 2, _GATE_POLL[1])
+
+
+class _ReadGate:
+    """Reads of the embedded store (any process) share this gate; a writer's commit steps take it alone.
+
+    Trigger: a long-lived reader (the MCP server) queried while `kb add-folder` / `remove-document` / `reindex`
+    ran in another process (issue 11 item 9: 3 of 110 queries failed with -32000). Why: embedded Chroma is not
+    process-safe for readers either: a query met chunk ids its in-memory vector index still held but another
+    process had deleted (metadata None; "Error finding id"), and collections a reindex had just dropped ("does
+    not exist"); 46 of 400 reads failed in the reproduction. Outcome: a read runs while no commit does, and
+    sees the store as the last commit left it (the generation check on entry reopens the client after it).
+
+    Two flock files in the store: `.read.lock` is held shared by every process with a read in flight and
+    exclusively by a committing writer; `.read.turnstile` is taken by a writer before it waits for the readers,
+    and passed through by readers, so overlapping reads cannot starve a writer. A writer holds the gate only for
+    its commit steps (one ingest batch; a reindex's swap), never while it parses or embeds.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self._readers_path = folder / ".read.lock"
+        self._turnstile_path = folder / ".read.turnstile"
+        self._entry = threading.Lock()  # this process's readers pass the turnstile one at a time
+        self._count = threading.Lock()
+        self._holders = 0  # threads of this process inside a read
+        self._shared_fd: int | None = None
+        self._writer_fds: tuple[int, int] | None = None
+
+    def enter(self, timeout: float) -> bool:
+        """Join the readers (False when a writer kept the gate past `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        with self._entry:
+            turn = _flock(self._turnstile_path, True, deadline)
+            if turn is None:
+                return False
+            try:
+                with self._count:
+                    if self._holders == 0:
+                        self._shared_fd = _flock(self._readers_path, False, deadline)
+                        if self._shared_fd is None:
+                            return False
+                    self._holders += 1
+                    return True
+            finally:
+                os.close(turn)
+
+    def leave(self) -> None:
+        with self._count:
+            self._holders -= 1
+            if self._holders == 0 and self._shared_fd is not None:
+                os.close(self._shared_fd)  # closing the descriptor drops its lock
+                self._shared_fd = None
+
+    def close(self, timeout: float) -> bool:
+        """Take the gate alone once reads in flight end (False when they kept it past `timeout`)."""
+        if self._writer_fds is not None:
+            return True
+        deadline = time.monotonic() + timeout
+        turn = _flock(self._turnstile_path, True, deadline)
+        if turn is None:
+            return False
+        alone = _flock(self._readers_path, True, deadline)
+        if alone is None:
+            os.close(turn)
+            return False
+        self._writer_fds = (alone, turn)
+        return True
+
+    def open(self) -> None:
+        if self._writer_fds is not None:
+            for fd in self._writer_fds:
+                os.close(fd)
+            self._writer_fds = None
 
 
 class Store:
@@ -128,11 +299,8 @@ class Store:
                 client = chromadb.HttpClient(host=s.chroma_host, port=s.chroma_port, ssl=s.chroma_ssl, settings=chroma_settings)
                 client.heartbeat()
             except Exception as exc:
-                raise StoreUnavailableError(
-                    f"Chroma server at {self.location} is unreachable ({type(exc).__name__})",
-                    guidance="Start it with `chroma run --path DIR --host HOST --port PORT` or fix --chroma-host/--chroma-port.",
-                ) from None
-            return client
+                raise unreachable(self.location, exc) from None
+            return _ServerGuard(client, self.location)
         try:
             s.store.mkdir(parents=True, exist_ok=True)
             self._generation = self._read_generation()
@@ -199,7 +367,13 @@ class Store:
 
     @contextmanager
     def write_lock(self) -> Iterator[None]:
-        """Serialize writers across processes; readers then see the write via the generation file."""
+        """Serialize writers across processes; readers then see the write via the generation file.
+
+        Re-entrant: recovery that runs inside a write (a swap restored by `get_collection`) joins it.
+        """
+        if getattr(self._local, "writing", 0):
+            yield
+            return
         held = getattr(self._local, "shared", 0)
         # Give up this thread's shared use while waiting, so a writer never waits on a thread that
         # waits on it; the write itself runs with exclusive use of the client.
@@ -210,17 +384,21 @@ class Store:
             with self._lock:
                 if self.settings.server_mode:
                     self._use.acquire_exclusive()
+                    self._local.writing = 1
                     try:
                         yield
                     finally:
+                        self._local.writing = 0
                         self._use.release_exclusive()
                     return
                 with self._file_lock():
                     self._use.acquire_exclusive()
+                    self._local.writing = 1
                     try:
                         self._reopen_if_stale()
                         yield
                     finally:
+                        self._local.writing = 0
                         generation = uuid.uuid4().hex
                         self._generation_path.write_text(generation)
                         self._generation = generation
@@ -250,16 +428,27 @@ class Store:
             lock.release()
 
     # -- Chroma collections -------------------------------------------------------------------
+    def _get_raw(self, name: str) -> Any:
+        try:
+            return self.client.get_collection(name, embedding_function=None)
+        except StoreUnavailableError:
+            raise
+        except Exception:  # chromadb's NotFoundError (embedded: ValueError in older releases)
+            return None
+
     def get_collection(self, name: str) -> Any:
         validate_name(name)
-        try:
-            col = self.client.get_collection(name, embedding_function=None)
-        except Exception:
+        col = self._get_raw(name)
+        if col is None:  # a reindex killed between its renames: the backup takes the name back
+            self.recover_swaps(only=name)
+            col = self._get_raw(name)
+        if col is None:
             raise CollectionError(
                 f"Collection {name!r} not found",
-                guidance="Run `research-agent collections list`, or create it with `research-agent collections create`.",
+                guidance="Run `research-agent collections list` for the names; if a command on it was interrupted, "
+                "run `research-agent doctor --repair` (a reindex cut short is restored automatically).",
                 collection=name,
-            ) from None
+            )
         if "ra_schema_version" not in (col.metadata or {}):
             raise CollectionError(f"{name!r} is not a research-agent collection", collection=name)
         return col
@@ -300,12 +489,90 @@ class Store:
         return self.client.create_collection(name, metadata=meta, embedding_function=None)
 
     def list_collections(self) -> list[Any]:
+        # A reindex's working copies carry the collection's metadata but are never user collections: listing
+        # them broke every default-scope query with "prefix reserved" (issue 11 item 9).
+        listed = list(self.client.list_collections())
+        orphaned = {swap_target(c.name) for c in listed if c.name.startswith(BACKUP_PREFIX)} - {c.name for c in listed}
+        if orphaned - {None}:  # a reindex killed between its renames: give the backups their names back first
+            for name in sorted(orphaned - {None}):
+                self.recover_swaps(only=name)
+            listed = list(self.client.list_collections())
         cols = [self.client.get_collection(c.name, embedding_function=None) if not hasattr(c, "metadata") else c
-                for c in self.client.list_collections()]
+                for c in listed if not c.name.startswith(RESERVED_PREFIX)]
         return sorted((c for c in cols if "ra_schema_version" in (c.metadata or {})), key=lambda c: c.name)
 
     def delete_collection(self, name: str) -> None:
         self.client.delete_collection(name)
+
+    def rename_collection(self, col: Any, name: str) -> None:
+        col.modify(name=name)
+
+    # -- reindex swaps: the live collection is replaced by a re-embedded copy ----------------------
+    def create_swap_copy(self, collection: str, metadata: dict[str, Any]) -> Any:
+        """An empty working collection for the re-embedded copy of `collection` (under the write lock)."""
+        return self.client.create_collection(swap_name(TMP_PREFIX, collection),
+                                             metadata={"hnsw:space": "cosine", **metadata}, embedding_function=None)
+
+    def swap_in(self, old: Any, new: Any, collection: str) -> None:
+        """Give `new` the name of `old` (under the write lock); a crash between steps is undone by `recover_swaps`.
+
+        1. old -> backup name; 2. new -> the collection's name; 3. the backup is dropped. Killed after 1, the
+        collection exists only as its backup, which the next open restores (the complete copy wins).
+        """
+        backup = swap_name(BACKUP_PREFIX, collection)
+        self.rename_collection(old, backup)
+        self.rename_collection(new, collection)
+        self.delete_collection(backup)
+
+    def swap_leftovers(self) -> list[str]:
+        """Names of reindex working copies and backups present now."""
+        return sorted(c.name for c in self.client.list_collections() if is_swap_leftover(c.name))
+
+    def recover_swaps(self, only: str | None = None, *, force: bool = False) -> list[str]:
+        """Finish or undo reindex swaps cut short; returns what was done (empty when nothing was left).
+
+        Trigger: a kill -9 inside `kb reindex` (issue 11 item 5). Why: it may leave the collection only under
+        its backup name, and the old advice (`collections create`) made an empty one that `doctor --repair`
+        then kept over the backup. Outcome, under the write lock: a backup whose collection is missing or
+        empty takes its name back; a backup holding no more than the live collection is dropped; a backup
+        holding more is kept (doctor reports it); working copies are dropped. On a Chroma server other
+        writers run at the same time, so without `force` only the missing-name case is handled.
+        """
+        names = self.swap_leftovers()
+        if only is not None:
+            names = [n for n in names if swap_target(n) == only]
+        if not names:
+            return []
+        force = force or not self.settings.server_mode  # embedded: whatever is found under the lock is dead
+        with self.write_lock():
+            actions: list[str] = []
+            # Looked up again under the lock (another process may have recovered them); backups first, so a
+            # working copy is dropped only once its collection is back.
+            for name in sorted(set(names) & set(self.swap_leftovers()), key=lambda n: not n.startswith(BACKUP_PREFIX)):
+                actions += self._recover_one(name, force=force)
+            return actions
+
+    def _recover_one(self, name: str, *, force: bool) -> list[str]:
+        target = swap_target(name)
+        if name.startswith(TMP_PREFIX) or target is None:
+            if not force:
+                return []
+            self.delete_collection(name)
+            return [f"deleted {name}, the working copy of an interrupted reindex"]
+        backup, live = self._get_raw(name), self._get_raw(target)
+        if backup is None:
+            return []
+        if live is None or (live.count() == 0 and backup.count() > 0):
+            if live is not None:
+                self.delete_collection(target)
+            self.rename_collection(backup, target)
+            self.bump_revision(target)
+            log.warning("restored collection %s from the backup of an interrupted reindex", target)
+            return [f"restored {target} from its backup {name} (an interrupted reindex)"]
+        if force and backup.count() <= live.count():
+            self.delete_collection(name)
+            return [f"deleted {name}, the backup of a finished reindex"]
+        return []
 
     # -- registry (projects, document manifests, revisions) -------------------------------------
     @property

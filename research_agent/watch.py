@@ -36,11 +36,15 @@ def watch_folder(c, path: str | Path, collection: str, *, recursive: bool = True
             if event.event_type not in ("opened", "closed_no_write") and ".git" not in Path(event.src_path).parts:
                 changed.set()
 
-    sync()
+    # The observer starts before the first sync: a file written while that sync runs (it can take minutes)
+    # still sets `changed`, where starting it afterwards missed such a file until the next unrelated change.
     observer = Observer()
     observer.schedule(Handler(), str(root), recursive=recursive)
     observer.start()
     try:
+        # Hostile entries (FIFOs, symlink loops, undecodable names, unreadable folders) are per-file problems
+        # in the report; only a run-level error (unknown collection, path outside the roots) ends the watch.
+        sync()
         while not stop.is_set():
             if changed.wait(timeout=0.2):
                 # Debounce: wait until the folder has been quiet for `debounce` seconds.

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from research_agent.chunking import Chunk, chunk_document, estimate_tokens, slugify
+from research_agent.chunking import Chunk, chunk_document, embedding_context, estimate_tokens, slugify
 from research_agent.parsing import ParsedDocument, parse_file, parse_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "docs"
@@ -251,13 +251,25 @@ def test_paragraph_without_punctuation_splits_on_words() -> None:
     assert " ".join(c.text for c in chunks) == words
 
 
-def test_code_blocks_and_tables_stay_whole_over_the_limit() -> None:
+def test_code_blocks_and_tables_stay_whole_within_the_limit_and_split_over_it() -> None:
     code = "\n".join(f"print({i})" for i in range(100))
     table = "| a | b |\n|---|---|\n" + "\n".join(f"| {i} | {i * 2} |" for i in range(100))
-    chunks = chunk_document(parse_text(f"# T\n\n```python\n{code}\n```\n\n{table}\n"), source="t.md", max_tokens=20)
-    assert [c.content_type for c in chunks] == ["code_block", "table"]
-    assert chunks[0].text == f"# T\n\n```python\n{code}\n```"
-    assert chunks[1].text == table
+    markdown = f"# T\n\n```python\n{code}\n```\n\n{table}\n"
+    whole = chunk_document(parse_text(markdown), source="t.md", max_tokens=2000)
+    assert [c.content_type for c in whole] == ["code_block", "table"]
+    assert whole[0].text == f"# T\n\n```python\n{code}\n```"
+    assert whole[1].text == table
+    split = chunk_document(parse_text(markdown), source="t.md", max_tokens=60)
+    code_parts = [c for c in split if c.content_type == "code_block"]
+    tables = [c for c in split if c.content_type == "table"]
+    assert len(code_parts) > 1 and len(tables) > 1
+    assert all(c.token_count <= 60 for c in split)
+    # Code pieces stay fenced; table pieces repeat the header row; nothing is lost or repeated.
+    assert code_parts[0].text.startswith("# T\n\n```python\nprint(0)")
+    assert all(c.text.split("\n")[-1] == "```" and "```python" in c.text for c in code_parts)
+    assert [line for c in code_parts for line in c.text.split("\n") if line.startswith("print")] == code.split("\n")
+    assert all(c.text.startswith("| a | b |\n|---|---|\n") for c in tables)
+    assert [line for c in tables for line in c.text.split("\n")[2:]] == table.split("\n")[2:]
 
 
 def test_overlap_repeats_the_tail_of_the_previous_chunk() -> None:
@@ -343,5 +355,23 @@ def test_chunk_document_never_raises_or_emits_empty_chunks(text: str, max_tokens
     for chunk in chunks:
         assert chunk.text.strip()
         assert chunk.token_count == estimate_tokens(chunk.text) > 0
+        assert chunk.token_count <= max_tokens  # a hard bound, tables and code blocks included
         assert chunk.content_type in ("prose", "code_block", "table")
         assert chunk.node_id
+
+
+def _char_counter(texts: list[str]) -> list[int]:
+    """Characters as tokens: unlike the estimate, joins count too (a line break is a token), as some
+    tokenizers count a joined text differently from its parts."""
+    return [len(t) for t in texts]
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=_MARKDOWN, budget=st.integers(min_value=1, max_value=80), limit=st.integers(min_value=8, max_value=120))
+def test_chunks_fit_any_counter_and_model_limit_exactly(text: str, budget: int, limit: int) -> None:
+    chunks = chunk_document(ParsedDocument(text=text, format="markdown", title="Doc"), source="h.md", max_tokens=budget,
+                            count_tokens=_char_counter, model_max_tokens=limit, max_bytes=200)
+    for chunk in chunks:
+        room = min(budget, limit - len(embedding_context("Doc", chunk.header_path)) - 1)
+        assert chunk.text.strip() and len(chunk.text) <= max(1, room), (chunk.header_path, chunk.text)
+        assert len(chunk.text.encode("utf-8")) <= 200

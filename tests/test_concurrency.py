@@ -35,11 +35,14 @@ from research_agent import embeddings
 embeddings._cache[("sentence-transformers", "test-fake-embedder", "cpu")] = FakeEmbedder()
 
 # Crash tests: RA_TEST_KILL_AT="<function of research_agent.ingest>:<n>[+]" SIGKILLs this process at the
-# n-th call of that write step (after it returns with "+"); "prune" kills the prune's chunk deletion.
-import os, signal
+# n-th call of that write step (after it returns with "+"); "prune" kills the prune's chunk deletion. A dotted
+# name reaches other modules' write steps: "store.Store.rename_collection:1+", "projects.drop_collection_links:1".
+import importlib, os, signal
 kill_at = os.environ.get("RA_TEST_KILL_AT")
 if kill_at:
     from research_agent import ingest
+
+    owner = ingest
 
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -54,8 +57,14 @@ if kill_at:
         ingest.delete_documents = delete_documents
     else:
         name, _, nth = kill_at.partition(":")
+        if "." in name:
+            module, *attrs = name.split(".")
+            owner = importlib.import_module("research_agent." + module)
+            for attr in attrs[:-1]:
+                owner = getattr(owner, attr)
+            name = attrs[-1]
         after, nth = nth.endswith("+"), int(nth.rstrip("+"))
-        original, calls = getattr(ingest, name), [0]
+        original, calls = getattr(owner, name), [0]
 
         def hooked(*args, **kwargs):
             calls[0] += 1
@@ -66,7 +75,7 @@ if kill_at:
                 die()
             return result
 
-        setattr(ingest, name, hooked)
+        setattr(owner, name, hooked)
 
 from research_agent.cli.main import app
 app(prog_name="research-agent")

@@ -13,14 +13,66 @@ from research_agent.errors import ConfigError
 ROOT = Path(__file__).parents[1]
 
 
+def _user_dotenv(text: str) -> Path:
+    from research_agent.config import user_dotenv_file
+
+    path = user_dotenv_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
 def test_precedence_flag_env_dotenv_file_default(monkeypatch, tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("chroma_port: 1\nrerank_candidates: 11\nper_document_cap: 7\nmax_top_k: 50\n")
-    Path(".env").write_text("RESEARCH_AGENT_CHROMA_PORT=2\nRESEARCH_AGENT_RERANK_CANDIDATES=22\nRESEARCH_AGENT_PER_DOCUMENT_CAP=8\n")
+    cfg.write_text("chroma_port: 1\nrerank_candidates: 11\nper_document_cap: 7\nmax_top_k: 50\nrrf_k: 5\n")
+    _user_dotenv("RESEARCH_AGENT_CHROMA_PORT=2\nRESEARCH_AGENT_RERANK_CANDIDATES=22\nRESEARCH_AGENT_PER_DOCUMENT_CAP=8\n"
+                 "RESEARCH_AGENT_RRF_K=6\n")
+    Path(".env").write_text("RESEARCH_AGENT_RRF_K=9\n")  # the workspace .env: tuning only, over the user's
     monkeypatch.setenv("RESEARCH_AGENT_CHROMA_PORT", "3")
     monkeypatch.setenv("RESEARCH_AGENT_RERANK_CANDIDATES", "33")
     s = load_settings(cfg, chroma_port=4)
-    assert (s.chroma_port, s.rerank_candidates, s.per_document_cap, s.max_top_k, s.max_query_chars) == (4, 33, 8, 50, 2000)
+    assert (s.chroma_port, s.rerank_candidates, s.per_document_cap, s.max_top_k, s.max_query_chars, s.rrf_k) == (
+        4, 33, 8, 50, 2000, 9)
+
+
+WIDENING = {"transport": "http", "host": "0.0.0.0", "port": "1234", "auth_type": "bearer",
+            "api_keys": "attacker-key-0123456789", "allowed_roots": "/", "store": "/tmp/elsewhere",
+            "chroma_host": "evil.example", "log_file": "/tmp/elsewhere.log", "allowed_hosts": "*",
+            "allowed_origins": "*", "embedding_model": "/tmp/evil-model", "max_file_mb": "100000",
+            "discovery_boosts_file": "/etc/passwd", "hf_offline": "false"}
+
+
+def test_a_workspace_dotenv_cannot_widen_what_is_exposed(monkeypatch, caplog):
+    monkeypatch.delenv("RESEARCH_AGENT_STORE")  # the conftest's; the .env must not move the default either
+    Path(".env").write_text("".join(f"RESEARCH_AGENT_{k.upper()}={v}\n" for k, v in WIDENING.items())
+                            + "RESEARCH_AGENT_PER_DOCUMENT_CAP=1\n")
+    defaults = Settings()
+    with caplog.at_level("WARNING"):
+        s = load_settings()
+    for name in WIDENING:
+        assert getattr(s, name) == getattr(defaults, name), name
+    assert s.per_document_cap == 1  # ranking knobs may be tuned per workspace
+    assert "RESEARCH_AGENT_API_KEYS" in caplog.text and "ignored" in caplog.text
+
+
+def test_the_user_dotenv_is_trusted_but_files_never_choose_the_transport(monkeypatch, tmp_path, caplog):
+    _user_dotenv("RESEARCH_AGENT_TRANSPORT=http\nRESEARCH_AGENT_HOST=0.0.0.0\nRESEARCH_AGENT_ALLOWED_ROOTS=/srv\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("transport: http\n")
+    with caplog.at_level("WARNING"):
+        s = load_settings(cfg)
+    assert (s.transport, s.host, s.allowed_roots) == ("stdio", "0.0.0.0", [Path("/srv")])
+    assert "transport" in caplog.text
+    monkeypatch.setenv("RESEARCH_AGENT_TRANSPORT", "http")  # the launcher's environment decides
+    assert load_settings(cfg).transport == "http"
+    assert load_settings(cfg, transport="stdio").transport == "stdio"
+
+
+def test_the_workspace_allow_list_names_real_settings():
+    from research_agent.config import WORKSPACE_DOTENV_SETTINGS
+
+    assert WORKSPACE_DOTENV_SETTINGS <= set(Settings.model_fields)
+    assert not WORKSPACE_DOTENV_SETTINGS & set(WIDENING)
 
 
 def test_bad_settings_are_config_errors(monkeypatch, tmp_path):

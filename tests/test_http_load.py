@@ -113,7 +113,7 @@ def test_http_requests_without_or_with_wrong_credentials_get_401(tmp_path):
     import httpx
 
     env = cli_env(tmp_path / "store", fake=True, RESEARCH_AGENT_AUTH_TYPE="bearer",
-                  RESEARCH_AGENT_API_KEYS="secret-xyz")
+                  RESEARCH_AGENT_API_KEYS="secret-xyz-0123456789")
     proc, port = start_server(tmp_path, env)
     url = f"http://127.0.0.1:{port}/mcp"
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -122,11 +122,11 @@ def test_http_requests_without_or_with_wrong_credentials_get_401(tmp_path):
     try:
         none = httpx.post(url, json=init, headers=headers, timeout=30)
         wrong = httpx.post(url, json=init, headers={**headers, "Authorization": "Bearer wrong"}, timeout=30)
-        right = httpx.post(url, json=init, headers={**headers, "Authorization": "Bearer secret-xyz"}, timeout=30)
+        right = httpx.post(url, json=init, headers={**headers, "Authorization": "Bearer secret-xyz-0123456789"}, timeout=30)
     finally:
         stop(proc)
     assert none.status_code == 401, none.status_code
     assert wrong.status_code == 401, wrong.status_code
     assert right.status_code == 200, (right.status_code, right.text[:500])
     for response in (none, wrong):
-        assert "secret-xyz" not in response.text
+        assert "secret-xyz-0123456789" not in response.text

@@ -186,3 +186,32 @@ def test_ci_job_command_line_against_chroma_server(chroma_server, tmp_path):
     err = json.loads(strict.stderr.strip().splitlines()[-1])["error"]
     assert err["code"] == -32003 and err["data"]["report"]["removed"] == 1
     assert err["data"]["report"]["skipped"][0]["path"] == "docs/blob.md"
+
+
+def test_watch_sees_changes_made_during_the_initial_sync(container, fake_embedder):
+    """The observer must be running before the first sync: a file written meanwhile was missed for good."""
+    from research_agent.watch import watch_folder
+
+    folder = Path.cwd() / "watched"
+    folder.mkdir()
+    (folder / "a.md").write_text("# A\n\nalpha content\n")
+    collections.create_collection(container, "live")
+    stop = threading.Event()
+    reports = []
+
+    def on_sync(report):
+        if not reports:  # still inside the initial sync's call: a change arrives now
+            (folder / "during.md").write_text("# During\n\nwritten during the first sync\n")
+        reports.append(report)
+
+    t = threading.Thread(target=watch_folder, args=(container, folder, "live"),
+                         kwargs={"debounce": 0.3, "stop": stop, "on_sync": on_sync}, daemon=True)
+    t.start()
+    deadline = time.time() + 30
+    names: set[str] = set()
+    while time.time() < deadline and "watched/during.md" not in names:
+        names = {d.document for d in ingest.list_documents(container, "live").documents}
+        time.sleep(0.1)
+    stop.set()
+    t.join(timeout=10)
+    assert "watched/during.md" in names, reports

@@ -98,7 +98,7 @@ def test_bearer_auth_sdk_client_lists_ingests_and_queries_and_wrong_tokens_get_4
     notes.mkdir()
     (notes / "ops.md").write_text("# Operations\n\nRotate the quokka credentials every ninety days.\n",
                                   encoding="utf-8")
-    with http_server(tmp_path, auth_type="bearer", api_keys=f"other-key,{TOKEN}") as url:
+    with http_server(tmp_path, auth_type="bearer", api_keys=f"other-key-0123456789,{TOKEN}") as url:
         health = httpx.get(f"{url}/health", timeout=30)
         assert health.status_code == 200  # public, no credentials
         assert health.json()["version"] and health.json()["store_reachable"] is True
@@ -165,6 +165,8 @@ def test_no_auth_is_served_on_loopback(tmp_path):
 @pytest.mark.parametrize("settings, needle", [
     ({"host": "0.0.0.0"}, "without authentication"),
     ({"host": "0.0.0.0", "auth_type": "bearer"}, "needs at least one key"),
+    ({"auth_type": "bearer", "api_keys": "x"}, "at least 16 characters"),
+    ({"auth_type": "api-key", "api_keys": f"{TOKEN},short-key"}, "at least 16 characters"),
 ])
 def test_unsafe_http_settings_refuse_to_start_with_a_config_error(tmp_path, settings, needle):
     proc = subprocess.run([sys.executable, "-m", "mcp_server"], cwd=Path.cwd(),

@@ -218,33 +218,29 @@ def test_the_early_handshake_module_imports_only_the_standard_library(tmp_path):
     assert proc.stdout.strip() == "[]"
 
 
-def test_http_chosen_by_dotenv_gives_stdio_back(tmp_path):
-    """start_early() claims stdio before the settings are read; a .env that selects HTTP releases it."""
+def test_no_file_turns_a_stdio_launch_into_a_listener(tmp_path):
+    """The transport is the launch's choice (flag or environment): the user's own .env and config file saying
+    http are ignored with a warning, and the server answers on stdio without binding a port."""
+    import socket
+
     from test_mcp_http import free_port
-    import httpx
 
     port = free_port()
-    (tmp_path / ".env").write_text(f"RESEARCH_AGENT_TRANSPORT=http\nRESEARCH_AGENT_PORT={port}\n")
-    proc = subprocess.Popen([sys.executable, str(SERVER)], cwd=tmp_path,
-                            env={**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"},
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    config = tmp_path / "config" / "research-agent"
+    config.mkdir(parents=True)
+    (config / ".env").write_text(f"RESEARCH_AGENT_TRANSPORT=http\nRESEARCH_AGENT_PORT={port}\n")
+    (config / "config.yaml").write_text(f"transport: http\nport: {port}\n")
+    s = _McpStdioSession(tmp_path, {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"})
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                if health.status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "no /health within 60 s"
-            time.sleep(0.2)
-        assert health.json()["version"]
+        _initialize(s)
+        assert {t["name"] for t in s.request(2, "tools/list")["result"]["tools"]} == TOOLS
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        assert s.close() == 0
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=30)
-    assert out == b""
+        if s.proc.poll() is None:
+            s.proc.kill()
+    assert "never chooses the transport" in s.stderr()
 
 
 def _initialize(s: _McpStdioSession) -> None:

@@ -126,9 +126,36 @@ def test_title_falls_back_to_first_h1_outside_code_fences() -> None:
     assert parse_text("No headers here.").title is None
 
 
-def test_broken_front_matter_raises() -> None:
-    with pytest.raises(DocumentError, match="Invalid YAML front matter in bad.md"):
-        parse_text("---\ntitle: [unclosed\n---\nBody\n", name="bad.md")
+def test_broken_front_matter_keeps_the_body_and_warns(caplog: pytest.LogCaptureFixture) -> None:
+    # Issue 8: a file whose front matter stops parsing must still replace its old chunks, so the
+    # body is used (7 of 55 real model cards were skipped whole when this raised).
+    doc = parse_text("---\ntitle: [unclosed\n---\n# Card\n\nBody\n", name="bad.md")
+    assert (doc.text, doc.title, doc.metadata) == ("# Card\n\nBody\n", "Card", {})
+    assert len(doc.warnings) == 1
+    assert doc.warnings[0].startswith("Front matter of bad.md ignored: invalid YAML (line 3)")
+    assert doc.warnings[0] in caplog.text
+
+
+@pytest.mark.parametrize(
+    "front_matter",
+    [
+        "tags: [a, b]\n\tindented: with a tab\n",  # a tab where YAML wants spaces
+        "key: [" * 2000 + "\n",  # nested deeper than the YAML composer recurses
+        "title: x\n" * 40_000,  # over the size limit
+    ],
+    ids=["tab", "deep", "huge"],
+)
+def test_unusable_front_matter_of_a_file_is_skipped_not_the_file(tmp_path: Path, front_matter: str) -> None:
+    path = tmp_path / "card.md"
+    path.write_text(f"---\n{front_matter}---\n# Model card\n\nWeights and usage.\n")
+    doc = parse_file(path)
+    assert doc.text == "# Model card\n\nWeights and usage.\n"
+    assert doc.title == "Model card" and doc.metadata == {}
+    assert len(doc.warnings) == 1 and "card.md" in doc.warnings[0]
+
+
+def test_good_front_matter_has_no_warnings() -> None:
+    assert parse_file(FIXTURES / "guide_install.md").warnings == []
 
 
 def test_unclosed_front_matter_is_plain_markdown() -> None:
@@ -176,6 +203,40 @@ def test_nul_byte_is_binary(tmp_path: Path) -> None:
     path.write_bytes(b"text\x00more")
     with pytest.raises(DocumentError, match="binary"):
         parse_file(path)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "bom"),
+    [("utf-16", b""), ("utf-16-le", b"\xff\xfe"), ("utf-16-be", b"\xfe\xff"), ("utf-32", b""),
+     ("utf-16-le", b""), ("utf-16-be", b"")],
+    ids=["utf16-bom", "utf16le-bom", "utf16be-bom", "utf32-bom", "utf16le-no-bom", "utf16be-no-bom"],
+)
+def test_utf16_and_utf32_text_is_decoded(tmp_path: Path, encoding: str, bom: bytes) -> None:
+    # Issue 15: Windows tools write UTF-16; its NUL bytes made it look binary.
+    text = "# Notes\r\n\r\nCaf\u00e9 na\u00efve \u2014 \u65e5\u672c plus ASCII lines.\r\n" * 20
+    path = tmp_path / "notes.md"
+    path.write_bytes(bom + text.encode(encoding))
+    doc = parse_file(path)
+    assert doc.title == "Notes"
+    assert doc.text == text.replace("\r\n", "\n")
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [
+        bytes(range(256)) * 8,  # all byte values
+        b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(200),  # an image header
+        b"".join(n.to_bytes(2, "little") for n in range(1, 32)) * 50,  # small 16-bit integers: NUL every other byte
+        b"\xff\xfe" + b"".join(n.to_bytes(2, "little") for n in range(1, 32)) * 50,  # a UTF-16 mark, control chars
+    ],
+    ids=["bytes", "png", "int16", "bom-control"],
+)
+def test_binary_is_still_refused(tmp_path: Path, blob: bytes) -> None:
+    path = tmp_path / "data.txt"
+    path.write_bytes(blob)
+    with pytest.raises(DocumentError, match="looks binary") as info:
+        parse_file(path)
+    assert info.value.exit_code == 5
 
 
 def test_invalid_utf8(tmp_path: Path) -> None:

@@ -138,13 +138,17 @@ def ingest_report(console: Console, r: Any) -> None:
     console.print(f"[bold]{escape(r.collection)}[/bold]: {r.added} added, {r.updated} updated, "
                   f"{r.unchanged} unchanged, {r.removed} removed; {r.chunks_written} chunks written "
                   f"from {r.files_seen} files in {r.seconds:.1f} s.")
-    for label, style, problems in (("skipped", "yellow", r.skipped), ("failed", "red", r.failed)):
+    groups = (("skipped", "yellow", r.skipped), ("failed", "red", r.failed),
+              ("ingested with warnings", "yellow", r.warnings), ("kept, not pruned", "cyan", r.not_pruned))
+    for label, style, problems in groups:
         if problems:
             table = Table("path", "reason", title=f"{len(problems)} {label}", title_justify="left",
                           title_style=style)
             for p in problems:
                 table.add_row(escape(p.path), escape(p.reason))
             console.print(table)
+    if r.removed_documents:
+        console.print("Removed: " + ", ".join(escape(d) for d in r.removed_documents))
 
 
 def document_list(console: Console, result: Any) -> None:
