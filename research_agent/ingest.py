@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from research_agent import folder
 from research_agent.collections import Deleted, now_iso, open_collection
-from research_agent.errors import DocumentError
+from research_agent.errors import DocumentError, ResearchAgentError
 
 log = logging.getLogger(__name__)
 
@@ -511,6 +511,8 @@ def _read_one(c, file: Path, document: str, prev: dict[str, Any] | None, report:
         error = DocumentError(f"Cannot read {document}: {exc.strerror or exc}", path=document)
     except DocumentError as exc:
         reason, failed, drop, error = exc.message, False, True, exc
+    except ResearchAgentError:  # the model or the store, not this file: the whole run stops with its code
+        raise
     except Exception as exc:  # a parser bug or a pathological file (deep HTML): that file fails, not the run
         log.exception("ingesting %s failed", document)
         reason, failed, drop = f"{type(exc).__name__}: {str(exc)[:200]}", True, True

@@ -34,7 +34,7 @@ BACKUP_PREFIX = RESERVED_PREFIX + "old-"
 SWAP_PREFIX_CHARS = len(BACKUP_PREFIX) + 9
 # How often a reader or writer re-tries a busy read gate (seconds, doubling from the first to the last): a commit
 # of one ingest batch takes tens of milliseconds, so the first retries come soon and the poll stays cheap.
-_GATE_POLL = (0.002, 0.05)
+_GATE_POLL = (0.001, 0.005)
 
 
 def validate_name(name: str, what: str = "collection") -> str:
@@ -158,6 +158,19 @@ class _SharedExclusiveLock:
                 self._owner = None
                 self._cond.notify_all()
 
+    def downgrade(self) -> bool:
+        """Exclusive to shared in one step (no other thread can take it exclusively in between).
+
+        False, and nothing changes, unless this thread holds it exclusively exactly once.
+        """
+        with self._cond:
+            if self._owner != threading.get_ident() or self._depth != 1:
+                return False
+            self._depth, self._owner = 0, None
+            self._readers += 1
+            self._cond.notify_all()
+            return True
+
 
 def _flock(path: Path, exclusive: bool, deadline: float) -> int | None:
     """An open descriptor of `path` holding a shared or exclusive flock, or None once `deadline` has passed."""
@@ -267,6 +280,8 @@ class Store:
         self._connect_lock = threading.RLock()  # building the client; never held while waiting for others
         self._use = _SharedExclusiveLock()
         self._local = threading.local()
+        self._gate: _ReadGate | None = None
+        self._readers_admitted = False  # a reindex fills its copy while readers read the live collection
 
     # -- client -----------------------------------------------------------------------------
     @property
@@ -301,24 +316,119 @@ class Store:
             except Exception as exc:
                 raise unreachable(self.location, exc) from None
             return _ServerGuard(client, self.location)
+        self._make_store_dir()
         try:
-            s.store.mkdir(parents=True, exist_ok=True)
             self._generation = self._read_generation()
             return chromadb.PersistentClient(path=str(s.store), settings=chroma_settings)
         except OSError as exc:
-            raise ConfigError(f"Cannot open the store at {s.store}: {exc.strerror}", guidance="Pass a writable --store PATH.") from None
+            raise self._unopenable(exc) from None
+
+    def _make_store_dir(self) -> None:
+        try:
+            self.settings.store.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._unopenable(exc) from None
+
+    def _unopenable(self, exc: OSError) -> ConfigError:
+        return ConfigError(f"Cannot open the store at {self.settings.store}: {exc.strerror}",
+                           guidance="Pass a writable --store PATH.")
 
     @contextmanager
     def session(self) -> Iterator[None]:
-        """Use the client from this thread while others may too; stale state is refreshed first."""
-        self.refresh()
-        self._use.acquire_shared()
+        """Use the client from this thread while others may too; stale state is refreshed first.
+
+        Embedded: the thread's outermost session also holds the read gate, so no process commits while it reads.
+        """
+        gated = not getattr(self._local, "shared", 0) and not getattr(self._local, "writing", 0)
+        if gated:
+            self._enter_gate()
+        try:
+            self.refresh()  # after the gate: a commit between the check and the read would go unseen
+            self._use.acquire_shared()
+        except BaseException:
+            if gated:
+                self._leave_gate()
+            raise
         self._local.shared = getattr(self._local, "shared", 0) + 1
         try:
             yield
         finally:
             self._local.shared -= 1
             self._use.release_shared()
+            if gated:
+                self._leave_gate()
+
+    # -- the read gate (embedded only; see _ReadGate) -------------------------------------------------
+    def _read_gate(self) -> _ReadGate | None:
+        if self.settings.server_mode:
+            return None
+        if self._gate is None:
+            try:
+                import fcntl  # noqa: F401 - POSIX only
+            except ImportError:  # pragma: no cover - Windows: reads are not gated there
+                return None
+            self._make_store_dir()
+            with self._connect_lock:
+                self._gate = self._gate or _ReadGate(self.settings.store)
+        return self._gate
+
+    def _enter_gate(self) -> None:
+        gate = self._read_gate()
+        if gate is None:
+            return
+        if not gate.enter(self.settings.lock_timeout):
+            raise StoreUnavailableError(
+                f"The store {self.settings.store} stayed busy with another process's write for "
+                f"{self.settings.lock_timeout:g} s",
+                guidance="Try again in a moment (writes commit in short steps); raise RESEARCH_AGENT_LOCK_TIMEOUT, "
+                "or use a Chroma server for many writers.",
+            )
+        self._local.gated = True
+
+    def _leave_gate(self) -> None:
+        if getattr(self._local, "gated", False):
+            self._local.gated = False
+            self._read_gate().leave()
+
+    def _close_gate(self) -> None:
+        """Wait for reads in flight (every process) to end, then keep new ones out until `_open_gate`."""
+        gate = self._read_gate()
+        if gate is not None and not gate.close(self.settings.lock_timeout):
+            raise StoreUnavailableError(
+                f"Reads of the store {self.settings.store} did not pause within {self.settings.lock_timeout:g} s",
+                guidance="Try again in a moment; raise RESEARCH_AGENT_LOCK_TIMEOUT, or use a Chroma server.",
+            )
+
+    def _open_gate(self) -> None:
+        """Let readers in again; a new generation first, so they reopen the client and see the commit."""
+        generation = uuid.uuid4().hex
+        self._generation_path.write_text(generation)
+        self._generation = generation
+        gate = self._read_gate()
+        if gate is not None:
+            gate.open()
+
+    def admit_readers(self) -> None:
+        """Inside a write: let readers (this process and others) read while the writer fills a working copy.
+
+        Trigger: `kb reindex` re-embeds a whole collection under the write lock (minutes with a real model).
+        Why: a reader must never wait for a whole ingest. Outcome: reads go on against the live collection,
+        which nothing changes until `exclude_readers` closes the gate again for the swap.
+        """
+        if self.settings.server_mode or self._readers_admitted or not getattr(self._local, "writing", 0):
+            return
+        if self._use.downgrade():
+            self._open_gate()
+            self._readers_admitted = True
+
+    def exclude_readers(self) -> None:
+        """Undo `admit_readers`: wait for the reads in flight, then commit alone."""
+        if not self._readers_admitted:
+            return
+        self._close_gate()
+        self._use.release_shared()
+        self._use.acquire_exclusive()
+        self._readers_admitted = False
 
     def refresh(self) -> None:
         """See writes committed by other processes (Chroma caches one system per path)."""
@@ -375,11 +485,14 @@ class Store:
             yield
             return
         held = getattr(self._local, "shared", 0)
-        # Give up this thread's shared use while waiting, so a writer never waits on a thread that
-        # waits on it; the write itself runs with exclusive use of the client.
+        gated = getattr(self._local, "gated", False)
+        # Give up this thread's shared use (and its place among the readers) while waiting, so a writer never
+        # waits on a thread that waits on it; the write itself runs with exclusive use of the client.
         for _ in range(held):
             self._use.release_shared()
         self._local.shared = 0
+        if gated:
+            self._leave_gate()
         try:
             with self._lock:
                 if self.settings.server_mode:
@@ -392,21 +505,34 @@ class Store:
                         self._use.release_exclusive()
                     return
                 with self._file_lock():
-                    self._use.acquire_exclusive()
-                    self._local.writing = 1
-                    try:
-                        self._reopen_if_stale()
-                        yield
-                    finally:
-                        self._local.writing = 0
-                        generation = uuid.uuid4().hex
-                        self._generation_path.write_text(generation)
-                        self._generation = generation
-                        self._use.release_exclusive()
+                    yield from self._embedded_write()
         finally:
-            for _ in range(held):
-                self._use.acquire_shared()
-            self._local.shared = held
+            try:
+                if gated:  # the gate before the client, as in `session` (the other order can deadlock)
+                    self._enter_gate()
+            finally:
+                for _ in range(held):
+                    self._use.acquire_shared()
+                self._local.shared = held
+
+    def _embedded_write(self) -> Iterator[None]:
+        """The body of an embedded write, with the file lock held: readers paused, the client alone."""
+        self._close_gate()
+        try:
+            self._use.acquire_exclusive()
+            self._local.writing = 1
+            try:
+                self._reopen_if_stale()
+                yield
+            finally:
+                self._local.writing = 0
+                if self._readers_admitted:
+                    self._readers_admitted = False
+                    self._use.release_shared()
+                else:
+                    self._use.release_exclusive()
+        finally:
+            self._open_gate()
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
@@ -509,9 +635,14 @@ class Store:
 
     # -- reindex swaps: the live collection is replaced by a re-embedded copy ----------------------
     def create_swap_copy(self, collection: str, metadata: dict[str, Any]) -> Any:
-        """An empty working collection for the re-embedded copy of `collection` (under the write lock)."""
-        return self.client.create_collection(swap_name(TMP_PREFIX, collection),
+        """An empty working collection for the re-embedded copy of `collection` (under the write lock).
+
+        Readers are let in while the copy fills (nothing they read changes until `swap_in`): see `admit_readers`.
+        """
+        copy = self.client.create_collection(swap_name(TMP_PREFIX, collection),
                                              metadata={"hnsw:space": "cosine", **metadata}, embedding_function=None)
+        self.admit_readers()
+        return copy
 
     def swap_in(self, old: Any, new: Any, collection: str) -> None:
         """Give `new` the name of `old` (under the write lock); a crash between steps is undone by `recover_swaps`.
@@ -520,6 +651,7 @@ class Store:
         collection exists only as its backup, which the next open restores (the complete copy wins).
         """
         backup = swap_name(BACKUP_PREFIX, collection)
+        self.exclude_readers()  # a reader never meets the collection missing or half swapped
         self.rename_collection(old, backup)
         self.rename_collection(new, collection)
         self.delete_collection(backup)

@@ -106,6 +106,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_chroma(data: Path, port: int) -> subprocess.Popen:
+    """A real `chroma run` server on loopback, answering within 30 s (else the test fails)."""
+    exe = shutil.which("chroma") or str(Path(os.sys.executable).parent / "chroma")
+    proc = subprocess.Popen([exe, "run", "--path", str(data), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail("chroma run did not start within 30 s")
+
+
+def pdf_bytes(objects: list[bytes]) -> bytes:
+    """A PDF file from numbered object bodies (object 1 is the catalog), with a correct xref table."""
+    out, offsets = bytearray(b"%PDF-1.4\n"), []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return bytes(out)
+
+
 @pytest.fixture(scope="session")
 def _chroma_server_process(tmp_path_factory):
     """One real `chroma run` server on loopback for the session."""
@@ -113,19 +142,7 @@ def _chroma_server_process(tmp_path_factory):
     if not Path(exe).exists():
         pytest.skip("the `chroma` executable is missing (pip install chromadb provides it)")
     port = free_port()
-    data = tmp_path_factory.mktemp("chroma-server")
-    proc = subprocess.Popen([exe, "run", "--path", str(data), "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("chroma run did not start within 30 s")
+    proc = start_chroma(tmp_path_factory.mktemp("chroma-server"), port)
     yield {"host": "127.0.0.1", "port": port}
     proc.terminate()
     proc.wait(timeout=10)

@@ -387,3 +387,23 @@ async def test_mcp_prune_never_removes_what_a_shallow_walk_did_not_see(fake_embe
     assert report["removed_documents"] == ["kb/gone.md"]
     assert [p["path"] for p in report["not_pruned"]] == ["kb/sub/nested.md"]
     assert "FIFO" in {p["path"]: p["reason"] for p in report["skipped"]}["kb/pipe.md"]
+
+
+def test_a_model_that_cannot_load_stops_the_run_with_its_code_not_per_file(container, fake_embedder, monkeypatch):
+    """Chunks are sized in the model's tokens, so each file asks for the model: its failure is the run's
+    (ConfigError, exit 3), not N per-file "failed" lines with the store untouched and exit 0."""
+    from research_agent import embeddings
+    from research_agent.errors import ConfigError
+
+    folder = Path.cwd() / "kb"
+    write(folder / "a.md", "# A\n\nalpha text\n")
+    write(folder / "b.md", "# B\n\nbeta text\n")
+    collections.create_collection(container, "docs")
+
+    def broken(settings):
+        raise ConfigError("Model 'x' cannot load", guidance="Check RESEARCH_AGENT_EMBEDDING_MODEL.")
+
+    monkeypatch.setattr(embeddings, "load_embedder", broken)
+    with pytest.raises(ConfigError, match="cannot load"):
+        ingest.ingest_path(container, folder, "docs")
+    assert documents(container, "docs") == []

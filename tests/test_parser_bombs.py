@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import pdf_bytes
+
 from research_agent import parsing
 from research_agent.errors import DocumentError
 from research_agent.parsing import parse_file, parse_text
@@ -122,19 +124,6 @@ def docx_xml_bomb(path: Path, inflated_mb: int) -> Path:
     head = f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n<w:document {_W}><w:body>'.encode()
     pieces = [head, *[paragraph] * inflated_mb, b"</w:body></w:document>"]
     return replace_zip_entry(path, "word/document.xml", pieces)
-
-
-def pdf_bytes(objects: list[bytes]) -> bytes:
-    """A PDF file from numbered object bodies (object 1 is the catalog), with a correct xref table."""
-    out, offsets = bytearray(b"%PDF-1.4\n"), []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(out)
 
 
 _FONT = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import pdf_bytes
 from research_agent.errors import DocumentError
 from research_agent.parsing import SUPPORTED_EXTENSIONS, ParsedDocument, detect_format, parse_file, parse_text
 
@@ -28,15 +29,7 @@ def make_pdf(path: Path, pages: list[str], *, title: str | None = None, password
             b"/Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>" % (5 + 2 * i)
         )
         objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
-    out, offsets = bytearray(b"%PDF-1.4\n"), []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    path.write_bytes(bytes(out))
+    path.write_bytes(pdf_bytes(objects))
     if title is not None or password is not None:
         import pypdf
 

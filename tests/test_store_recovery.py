@@ -8,17 +8,14 @@ crash-point harness (test_crash_harness.py) reaches the same states by really ki
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, start_chroma
 from test_concurrency import FAKE_MODEL, cli_argv, cli_env, make_folder, open_store, run_cli
 
 NAME = "kbase"
@@ -232,21 +229,6 @@ def test_reindex_working_collections_stay_out_of_lists_and_default_scope_queries
 
 
 # -- item 14: the Chroma server down, or dying mid-run ---------------------------------------------------------
-def _start_chroma(data: Path, port: int) -> subprocess.Popen:
-    exe = shutil.which("chroma") or str(Path(os.sys.executable).parent / "chroma")
-    proc = subprocess.Popen([exe, "run", "--path", str(data), "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    pytest.fail("chroma run did not start within 30 s")
-
-
 def _assert_retryable(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 3, (proc.returncode, proc.stderr[-2000:])
     error = _error(proc)
@@ -258,7 +240,7 @@ def _assert_retryable(proc: subprocess.CompletedProcess) -> None:
 def test_chroma_server_down_or_dying_mid_run_is_retryable_exit_3(tmp_path, fake_embedder):
     port = free_port()
     env = cli_env(None, fake=True, RESEARCH_AGENT_CHROMA_HOST="127.0.0.1", RESEARCH_AGENT_CHROMA_PORT=str(port))
-    server = _start_chroma(tmp_path / "chroma", port)
+    server = start_chroma(tmp_path / "chroma", port)
     big = make_folder(tmp_path / "big", 600, sections=3, words=40, seed=5)
     try:
         assert run_cli(tmp_path, "collections", "create", NAME, fake=True, env=env).returncode == 0

@@ -35,7 +35,7 @@ def list_(ctx: typer.Context,
     from research_agent.collections import list_collections
 
     state = get_state(ctx)
-    render.emit(state, list_collections(state.container(), type=type, project=project), render.collection_list)
+    render.emit(state, state.read(list_collections, type=type, project=project), render.collection_list)
 
 
 @app.command("info")
@@ -44,7 +44,7 @@ def info(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", hel
     from research_agent.collections import get_collection_info
 
     state = get_state(ctx)
-    render.emit(state, get_collection_info(state.container(), name), render.collection_info)
+    render.emit(state, state.read(get_collection_info, name), render.collection_info)
 
 
 @app.command("delete")

@@ -29,8 +29,8 @@ def discover(ctx: typer.Context, task: str = typer.Argument(..., metavar="TASK",
     if collections is not None and project is not None:
         raise typer.BadParameter("pass either --collections or --project, not both", param_hint="'--project'")
     state = get_state(ctx)
-    result = discover_context(state.container(), task, task_type=task_type, current_file=current_file,
-                              max_results=max_results, collections=split_names(collections), project=project)
+    result = state.read(discover_context, task, task_type=task_type, current_file=current_file,
+                        max_results=max_results, collections=split_names(collections), project=project)
     render.emit(state, result, _discovery)
 
 
@@ -44,8 +44,8 @@ def retrieve(ctx: typer.Context, ids: list[str] = typer.Argument(..., metavar="I
     from research_agent.discovery import retrieve_knowledge
 
     state = get_state(ctx)
-    result = retrieve_knowledge(state.container(), ids, include_children=include_children, format=format,
-                                collections=split_names(collections))
+    result = state.read(retrieve_knowledge, ids, include_children=include_children, format=format,
+                        collections=split_names(collections))
     render.emit(state, result, _retrieval)
 
 
@@ -59,8 +59,8 @@ def dependencies(ctx: typer.Context, node_id: str = typer.Argument(..., metavar=
     from research_agent.discovery import get_dependencies
 
     state = get_state(ctx)
-    result = get_dependencies(state.container(), node_id, direction=direction, depth=depth,
-                              collections=split_names(collections))
+    result = state.read(get_dependencies, node_id, direction=direction, depth=depth,
+                        collections=split_names(collections))
     render.emit(state, result, _graph)
 
 

@@ -100,7 +100,7 @@ def list_documents(ctx: typer.Context, collection: str = COLLECTION) -> None:
     from research_agent.ingest import list_documents as list_docs
 
     state = get_state(ctx)
-    render.emit(state, list_docs(state.container(), collection), render.document_list)
+    render.emit(state, state.read(list_docs, collection), render.document_list)
 
 
 @app.command("remove-document")
@@ -165,7 +165,7 @@ def get(ctx: typer.Context,
     from research_agent.ingest import get_document
 
     state = get_state(ctx)
-    render.emit(state, get_document(state.container(), collection, document), render.document_content)
+    render.emit(state, state.read(get_document, collection, document), render.document_content)
 
 
 @app.command("watch")

@@ -33,7 +33,7 @@ def list_(ctx: typer.Context) -> None:
     from research_agent.projects import list_projects
 
     state = get_state(ctx)
-    render.emit(state, list_projects(state.container()), render.project_list)
+    render.emit(state, state.read(list_projects), render.project_list)
 
 
 @app.command("info")
@@ -42,7 +42,7 @@ def info(ctx: typer.Context, name: str = NAME) -> None:
     from research_agent.projects import get_project_info
 
     state = get_state(ctx)
-    render.emit(state, get_project_info(state.container(), name), render.project_info)
+    render.emit(state, state.read(get_project_info, name), render.project_info)
 
 
 @app.command("delete")

@@ -34,9 +34,9 @@ def query(ctx: typer.Context, text: str = typer.Argument(..., metavar="TEXT", he
         raise typer.BadParameter("pass either --collections or --project, not both", param_hint="'--project'")
     state = get_state(ctx)
     context = _context(document_context, context_file)
-    result = query_knowledge(state.container(), text, collections=split_names(collections), project=project,
-                             top_k=top_k, document_context=context, mode=mode, rerank=not no_rerank,
-                             filters=parse_filters(filter), max_tokens=max_tokens, snippets=snippets)
+    result = state.read(query_knowledge, text, collections=split_names(collections), project=project,
+                        top_k=top_k, document_context=context, mode=mode, rerank=not no_rerank,
+                        filters=parse_filters(filter), max_tokens=max_tokens, snippets=snippets)
     render.emit(state, result, render.query_result)
 
 

@@ -42,6 +42,15 @@ class CliState:
             self._container = build_container(self.config_file, **self.overrides())
         return self._container
 
+    def read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run a read-only service call as the MCP server does: inside a store session, so a commit by
+        another process never lands mid-read (without it, 1 in 10-40 reads failed during writes).
+        Writers and long commands (ingest, watch) are not wrapped: a session held for minutes would
+        hold other processes' commits back."""
+        c = self.container()
+        with c.store.session():
+            return fn(c, *args, **kwargs)
+
     def close(self) -> None:
         if self._container is not None:
             self._container.close()

@@ -15,4 +15,4 @@ def status(ctx: typer.Context,
     from research_agent.status import get_status
 
     state = get_state(ctx)
-    render.emit(state, get_status(state.container(), check_reranker=check_reranker), render.status_report)
+    render.emit(state, state.read(get_status, check_reranker=check_reranker), render.status_report)
