@@ -73,7 +73,7 @@ class Settings(BaseModel):
     rerank: bool = True
     rerank_candidates: int = 20  # reranking cost is linear in this (about 17 ms each on 2 CPU cores)
     device: str = "cpu"
-    # None: leave HF_HUB_OFFLINE as the environment has it; local paths always load offline.
+    # true: never download; None: downloads on unless HF_HUB_OFFLINE is set; folders and cached models load locally.
     hf_offline: bool | None = None
 
     # Query.

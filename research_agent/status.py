@@ -37,7 +37,8 @@ def get_status(c, check_reranker: bool = False) -> StatusReport:
         rr.load()
     available, error = rr.available, rr.error
     if available is None:
-        # Cheap: a hub model that is not cached while offline is known to fail without loading anything.
+        # Without loading anything (no torch): a hub model that is not cached fails if downloads are off or
+        # the hub does not answer a probe of at most embeddings.HUB_PROBE_TIMEOUT (1 s, remembered).
         from research_agent.embeddings import resolve_model
         from research_agent.errors import ConfigError
 

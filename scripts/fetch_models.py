@@ -1,6 +1,7 @@
 """Download the configured hub models into the Hugging Face cache ahead of time (needs network once).
 
-After this, queries load them with HF_HUB_OFFLINE=1 (CI, air-gapped machines). Usage:
+Queries load a model on first use anyway; this is for machines that will lose the network (CI, air-gapped
+hosts). A cached model then loads from the cache with no hub request — no HF_HUB_OFFLINE needed. Usage:
     .venv/bin/python scripts/fetch_models.py [MODEL ...]   # default: the configured embedding and reranker models
 """
 
@@ -12,8 +13,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Export formats the PyTorch loaders never read: the default reranker's repo holds several hundred MB of them.
+SKIP = ["onnx/*", "openvino/*", "*.onnx", "tf_model.h5", "flax_model.msgpack", "rust_model.ot", "*.tflite", "coreml/*"]
+
 
 def main() -> int:
+    # Fetching is the point of this script: a shell-wide HF_HUB_OFFLINE=1 would refuse every download.
     os.environ.pop("HF_HUB_OFFLINE", None)
     from huggingface_hub import snapshot_download
 
@@ -28,7 +33,7 @@ def main() -> int:
             print(f"{name}: ships with an installed package or is a local folder; nothing to fetch")
             continue
         try:
-            path = snapshot_download(name)
+            path = snapshot_download(name, ignore_patterns=SKIP)
             print(f"{name}: cached at {path}")
         except Exception as exc:  # a script for people: say what failed and go on
             print(f"{name}: FAILED ({type(exc).__name__}: {exc})", file=sys.stderr)

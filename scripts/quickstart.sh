@@ -3,7 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # models load from installed packages; no hub retries
 ra=.venv/bin/research-agent
 $ra collections info sample-docs >/dev/null 2>&1 ||
   $ra collections create sample-docs --type fundamental --description "research-agent's own documentation"

@@ -515,7 +515,7 @@ def test_warmup_and_a_first_call_load_the_model_once(monkeypatch):
     class SlowModel:
         dimension = 4
 
-        def __init__(self, name, target, device, batch_size):
+        def __init__(self, name, target, device, batch_size, local_only=False):
             loads.append(name)
             time.sleep(1.0)
             self.name = name
