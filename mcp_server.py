@@ -8,6 +8,22 @@ See docs/mcp.md for transports, auth, resources, prompts, limits and error codes
 
 from __future__ import annotations
 
+import os as _os
+import sys as _sys
+
+# Take the working directory ('' or its path) off sys.path unless this file lives there. `python -m
+# mcp_server` and `python -c` put it first on sys.path, and editors start servers in the open workspace: a
+# cloned repository's own `research_agent/` package would be imported instead of ours. This runs before
+# anything else is imported (so it cannot live in research_agent; research_agent.mcp_stdio has the same for
+# `research-agent serve`). A workspace `mcp_server.py` itself still wins under `python -m`, which is why the
+# shipped configs run `python /abs/path/mcp_server.py` or `research-agent serve` (docs/mcp.md).
+try:
+    _cwd = _os.path.realpath(_os.getcwd())
+except OSError:  # the working directory was deleted: '' then finds nothing
+    _cwd = _os.path.dirname(_os.path.realpath(__file__))
+if _cwd != _os.path.dirname(_os.path.realpath(__file__)):
+    _sys.path[:] = [_p for _p in _sys.path if _p and _os.path.realpath(_p) != _cwd]
+
 if __name__ == "__main__":  # answer `initialize` while the imports below load (research_agent/mcp_stdio.py)
     from research_agent.mcp_stdio import start_early
 
@@ -986,8 +1002,9 @@ def run(transport: str | None = None, host: str | None = None, port: int | None 
 
 
 def _run_http(settings: Settings) -> None:
-    """Streamable HTTP behind, outermost first: the Host/Origin guard, authentication, the session cap; and
-    uvicorn with a deadline for request headers (research_agent/server_auth.py says why each)."""
+    """Streamable HTTP behind, outermost first: the Host/Origin guard, authentication, the session cap, the
+    stdio-style replies to malformed messages; and uvicorn with deadlines for request headers and bodies and
+    bounded accept-error logs (research_agent/server_auth.py says why each)."""
     import fastmcp
     from starlette.middleware import Middleware as ASGIMiddleware
 
@@ -1005,12 +1022,14 @@ def _run_http(settings: Settings) -> None:
     middleware = [ASGIMiddleware(guard.HostOriginGuard, hosts=guard.allowed_hosts(settings),
                                  origins=guard.allowed_origins(settings)),
                   ASGIMiddleware(guard.AuthMiddleware, auth_type=auth_type, keys=keys),
-                  ASGIMiddleware(guard.SessionLimiter, max_sessions=settings.max_http_sessions)]
+                  ASGIMiddleware(guard.SessionLimiter, max_sessions=settings.max_http_sessions),
+                  ASGIMiddleware(guard.MalformedRequestReplies)]
+    guard.limit_accept_error_logs()
+    protocol = guard.header_timeout_protocol(settings.http_header_timeout, settings.http_body_timeout)
     # log_config=None: uvicorn logs through our stderr logging instead of printing access lines on stdout.
     server.run(transport="http", host=settings.host, port=settings.port, path="/mcp", show_banner=False,
                middleware=middleware, host_origin_protection=False,
-               uvicorn_config={"log_config": None, "log_level": settings.log_level.lower(),
-                               "http": guard.header_timeout_protocol(settings.http_header_timeout)})
+               uvicorn_config={"log_config": None, "log_level": settings.log_level.lower(), "http": protocol})
 
 
 def main() -> None:

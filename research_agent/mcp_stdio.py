@@ -67,6 +67,20 @@ def initialize_result(params: Any) -> dict[str, Any] | None:
             "instructions": INSTRUCTIONS}
 
 
+def drop_working_directory_from_path() -> None:
+    """Take the working directory ('' or its path) off sys.path before `research-agent serve` imports
+    `mcp_server`: editors start servers in the open workspace, and a cloned repository's `mcp_server.py` must
+    not be imported instead of ours (a PYTHONPATH with an empty entry would allow it). mcp_server.py does the
+    same for itself in its first lines, before research_agent can be imported safely."""
+    import sys
+
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        return
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != cwd]
+
+
 def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data):]
@@ -94,7 +108,7 @@ class Wire:
         self.first_line = self.reader.readline()
         try:
             message = json.loads(self.first_line)
-        except ValueError:
+        except (ValueError, RecursionError):  # the SDK's parser and `rejection` answer it
             return
         if not (isinstance(message, dict) and message.get("jsonrpc") == "2.0"
                 and message.get("method") == "initialize" and type(message.get("id")) in (int, str)):
@@ -158,14 +172,47 @@ def _error(request_id: Any, code: int, message: str, guidance: str) -> dict[str,
                      "retryable": False}}}
 
 
+_GUIDANCE = 'Send one JSON object per line: {"jsonrpc": "2.0", "id": 1, "method": "...", "params": {...}}.'
+
+
+def _top_level_id(line: str) -> Any:
+    """The top-level "id" (a string or an integer) of a line too deeply nested for json.loads, else None.
+
+    json.loads recurses once per level and raises RecursionError near 1,000 levels; this scan keeps a depth
+    counter instead, decoding only strings (flat) and the id's own value.
+    """
+    decoder, depth, i = json.JSONDecoder(), 0, 0
+    while i < len(line):
+        char = line[i]
+        if char == '"':
+            try:
+                text, i = decoder.raw_decode(line, i)
+            except ValueError:
+                return None
+            rest = line[i:].lstrip()
+            if depth == 1 and text == "id" and rest.startswith(":"):
+                try:
+                    value = decoder.raw_decode(rest[1:].lstrip())[0]
+                except (ValueError, RecursionError):
+                    return None
+                return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+            continue
+        depth += (char in "{[") - (char in "}]")
+        i += 1
+    return None
+
+
 def rejection(line: str) -> dict[str, Any] | None:
     """The error response for a line the SDK rejected, or None when no answer is due (a notification or a
     client's response: JSON-RPC answers neither)."""
-    guidance = 'Send one JSON object per line: {"jsonrpc": "2.0", "id": 1, "method": "...", "params": {...}}.'
+    guidance = _GUIDANCE
     try:
         message = json.loads(line)
     except ValueError:
         return _error(None, PARSE_ERROR, "Parse error: the line is not valid JSON", guidance)
+    except RecursionError:
+        return _error(_top_level_id(line), INVALID_REQUEST, "Invalid Request: the message is nested too deeply "
+                      "(about 200 levels at most)", guidance)
     if not isinstance(message, dict):
         return _error(None, INVALID_REQUEST, "Invalid Request: expected a JSON object (batches are not supported)",
                       guidance)
@@ -183,6 +230,9 @@ def rejection(line: str) -> dict[str, Any] | None:
                       "Send the method's arguments as an object (see tools/list for a tool's inputSchema).")
     return _error(request_id, INVALID_REQUEST, "Invalid Request: the message does not match the JSON-RPC schema",
                   guidance)
+
+
+_PASS = object()  # `_ReplayStdin._check`: hand the line to the SDK
 
 
 class _ReplayStdin:
@@ -206,18 +256,36 @@ class _ReplayStdin:
         self._on_eof()
 
     async def _accept(self, line: str) -> bool:
+        """True to pass the line to the SDK; otherwise it is answered here (or dropped, for a notification).
+        Nothing raised on this path may escape: it would end the server and every later request with it."""
         if not line.strip():
             return False
         try:
-            self._validate(line)  # the SDK's own parser: what it accepts goes to it unchanged
-            return True
+            answer = self._check(line)
         except Exception:
-            answer = rejection(line)
+            log.exception("could not check a JSON-RPC line; answering it as invalid")
+            answer = _error(None, INVALID_REQUEST, "Invalid Request: the message could not be read", _GUIDANCE)
+        if answer is _PASS:
+            return True
         log.warning("rejected a malformed JSON-RPC line (%s): %.200s", "answered" if answer else "not answered",
                     line.strip())
         if answer is not None:
             await self._reply(answer)
         return False
+
+    def _check(self, line: str) -> Any:
+        """_PASS, or the error reply for the line (None: no reply due)."""
+        try:
+            message = self._validate(line)  # the SDK's own parser: what it accepts goes to it unchanged
+        except Exception:
+            return rejection(line)
+        if hasattr(message, "method") and not hasattr(message, "id") and '"id"' in line:
+            # The SDK reads a request whose id is a float, bool, object or array as a notification and would
+            # never answer it; JSON-RPC wants -32600 with id null. (An explicit null id stays a notification.)
+            parsed = json.loads(line)
+            if isinstance(parsed, dict) and parsed.get("id") is not None:
+                return rejection(line)
+        return _PASS
 
 
 def exit_after_grace(seconds: float = STDIN_EOF_GRACE_SECONDS) -> None:

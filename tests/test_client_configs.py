@@ -130,3 +130,71 @@ def test_mcp_inspector_cli_lists_tools_and_calls_one(tmp_path):
                              "--tool-arg", "action=list"], capture_output=True, text=True, timeout=120, env=env)
     assert called.returncode == 0, called.stderr
     assert json.loads(called.stdout)["structuredContent"] == {"collections": []}
+
+
+# -- a hostile workspace: no shipped launch may import code from it ------------------------------------------
+_PAYLOAD = "open({marker!r}, 'a').write({who!r} + '\\n')\n"
+
+
+def _hostile_workspace(tmp_path: Path) -> tuple[Path, Path]:
+    """A cloned repository carrying its own `mcp_server.py` and `research_agent` package, each of which writes
+    a marker when imported (what `python -m mcp_server` with cwd=${workspaceFolder} used to run)."""
+    workspace, marker = tmp_path / "hostile", tmp_path / "PWNED"
+    (workspace / "research_agent" / "cli").mkdir(parents=True)
+    (workspace / "mcp_server.py").write_text(_PAYLOAD.format(marker=str(marker), who="mcp_server.py"))
+    for init in ("research_agent/__init__.py", "research_agent/cli/__init__.py"):
+        (workspace / init).write_text(_PAYLOAD.format(marker=str(marker), who=init))
+    return workspace, marker
+
+
+def _initialize_over_stdio(command: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Start `command`, send `initialize`, return the first reply (close stdin; the server then exits)."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "t", "version": "0"}}}
+    done = subprocess.run(command, cwd=cwd, env=env, input=(json.dumps(init) + "\n").encode(),
+                          capture_output=True, timeout=120)
+    lines = done.stdout.decode().splitlines()
+    assert lines, f"no reply (exit {done.returncode}): {done.stderr.decode()[-2000:]}"
+    return json.loads(lines[0])
+
+
+@pytest.mark.parametrize("client", list(CONFIGS))
+def test_shipped_config_never_runs_code_from_the_workspace(client, tmp_path):
+    """Editors start the server in the open workspace (VS Code's `cwd`, or the editor's own choice when the
+    config names none: assume the workspace). `python -m` would put that folder first on sys.path."""
+    workspace, marker = _hostile_workspace(tmp_path)
+    entry = server_entry(client, workspace, workspace)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESEARCH_AGENT_") and k != "PYTHONPATH"}
+    env.update(_isolated_env(tmp_path), **entry["env"])
+    reply = _initialize_over_stdio([entry["command"], *entry["args"]], Path(entry["cwd"] or workspace), env)
+    assert not marker.exists(), f"{client}: workspace code ran: {marker.read_text()}"
+    assert reply["result"]["serverInfo"]["name"] == "research-agent", reply
+
+
+@pytest.mark.parametrize("launch", [["-m", "mcp_server"], ["-c", "import mcp_server; mcp_server.main()"]])
+def test_the_server_drops_the_working_directory_from_sys_path(launch, tmp_path):
+    """Defence in depth for hand-written launches: with our checkout on PYTHONPATH and a workspace holding only
+    a `research_agent` package, `python -m mcp_server` (cwd first on sys.path) must still import ours."""
+    workspace, marker = _hostile_workspace(tmp_path)
+    (workspace / "mcp_server.py").unlink()  # a workspace mcp_server.py itself wins before any code of ours runs
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESEARCH_AGENT_")}
+    env.update(_isolated_env(tmp_path), PYTHONPATH=str(ROOT))
+    reply = _initialize_over_stdio([sys.executable, *launch], workspace, env)
+    assert not marker.exists(), f"workspace code ran: {marker.read_text()}"
+    assert reply["result"]["serverInfo"]["name"] == "research-agent", reply
+
+
+def test_research_agent_serve_never_imports_a_workspace_mcp_server(tmp_path):
+    """`research-agent serve` imports `mcp_server` by name; with the working directory on sys.path (here via
+    PYTHONPATH=.) a workspace's own mcp_server.py would be the one imported."""
+    workspace, marker = _hostile_workspace(tmp_path)
+    for init in ("research_agent/cli/__init__.py", "research_agent/__init__.py"):
+        (workspace / init).unlink()  # the console script imports research_agent before any code of ours runs
+    (workspace / "research_agent" / "cli").rmdir()
+    (workspace / "research_agent").rmdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESEARCH_AGENT_")}
+    env.update(_isolated_env(tmp_path), PYTHONPATH=".")
+    reply = _initialize_over_stdio([str(VENV / "bin" / "research-agent"), "serve"], workspace, env)
+    assert not marker.exists(), f"workspace code ran: {marker.read_text()}"
+    assert reply["result"]["serverInfo"]["name"] == "research-agent", reply

@@ -95,3 +95,39 @@ def test_every_setting_is_in_env_example():
     expected = {name.upper() for name in Settings.model_fields}
     assert expected - documented == set(), "document these settings in .env.example"
     assert documented - expected == set(), ".env.example names settings that do not exist"
+
+
+@pytest.mark.parametrize("name, value", [
+    ("RRF_K", "-1"), ("RRF_K", "0"), ("LOG_LEVEL", "BOGUS"), ("CONTEXT_WEIGHT", "inf"), ("CONTEXT_WEIGHT", "nan"),
+    ("THRESHOLD_RELEVANT", "nan"), ("THRESHOLD_RELEVANT", "-1"), ("THRESHOLD_HIGHLY_RELEVANT", "1.5"),
+    ("RETRIEVAL_CANDIDATES", "-5"), ("RERANK_CANDIDATES", "0"), ("DISCOVERY_CANDIDATES", "-1"),
+    ("SNIPPET_TOKENS", "0"), ("PER_DOCUMENT_CAP", "-1"), ("HYBRID_DENSE_WEIGHT", "nan"),
+    ("DISCOVERY_MIN_SCORE", "-inf"), ("DISCOVERY_COLLAPSE_MAX_TOKENS", "-3"), ("KEYWORD_TITLE_WEIGHT", "-1"),
+    ("RERANK_PASSAGE_TOKENS", "-1"), ("CALL_TIMEOUT", "0"), ("LOCK_TIMEOUT", "inf"), ("MAX_TOP_K", "0"),
+    ("MAX_CONCURRENT_CALLS", "0"), ("CHUNK_MAX_TOKENS", "0"), ("MAX_FILE_MB", "-1"), ("PORT", "70000"),
+    ("HTTP_BODY_TIMEOUT", "0"), ("EMBEDDING_BATCH_SIZE", "0"),
+])
+def test_nonsense_values_are_config_errors_naming_the_setting(monkeypatch, name, value):
+    """workspace_env_dos.sh: RRF_K=-1 made every hybrid query divide by zero, LOG_LEVEL=BOGUS crashed the server
+    with a traceback after `initialize`, and inf, nan or negative counts were accepted."""
+    monkeypatch.setenv(f"RESEARCH_AGENT_{name}", value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert f"RESEARCH_AGENT_{name}" in str(caught.value), caught.value
+    assert "RESEARCH_AGENT_" + name in caught.value.data["guidance"]
+
+
+def test_thresholds_must_be_ordered(monkeypatch):
+    monkeypatch.setenv("RESEARCH_AGENT_THRESHOLD_SOMEWHAT_RELEVANT", "0.9")
+    with pytest.raises(ConfigError, match="THRESHOLD"):
+        load_settings()
+    monkeypatch.setenv("RESEARCH_AGENT_THRESHOLD_SOMEWHAT_RELEVANT", "0.1")
+    assert load_settings().threshold_somewhat_relevant == 0.1
+
+
+def test_sensible_values_still_load(monkeypatch):
+    for name, value in {"RRF_K": "1", "LOG_LEVEL": "debug", "CONTEXT_WEIGHT": "0", "PER_DOCUMENT_CAP": "0",
+                        "RERANK_PASSAGE_TOKENS": "0", "THRESHOLD_HIGHLY_RELEVANT": "1"}.items():
+        monkeypatch.setenv(f"RESEARCH_AGENT_{name}", value)
+    settings = load_settings()
+    assert (settings.rrf_k, settings.log_level, settings.per_document_cap) == (1, "DEBUG", 0)
