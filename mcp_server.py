@@ -628,17 +628,20 @@ def _register_tools(mcp: FastMCP) -> None:
                           title=title)
         return _result("augment_knowledge", data)
 
-    @_tool(mcp, "List, read, remove or re-embed the documents of a collection, and add or update notes. Returns "
-                "{\"collection\", \"documents\": [...]} (list), the document's text (get), {\"deleted\", \"kind\", "
-                "\"chunks_removed\"} (remove), the note's key and status (add-note, update-note) or an ingest "
-                "report (reindex; reports progress, exempt from the call timeout).",
+    @_tool(mcp, "List, read, remove or re-embed the documents of a collection, add or update notes, and prune "
+                "documents whose files are gone. Returns {\"collection\", \"documents\": [...]} (list), the "
+                "document's text (get), {\"deleted\", \"kind\", \"chunks_removed\"} (remove), the note's key and "
+                "status (add-note, update-note) or an ingest report (reindex, reports progress and is exempt from "
+                "the call timeout; prune: removed_documents and not_pruned with reasons).",
            title="Manage documents", read_only=False, destructive=True, idempotent=False)
     async def manage_documents(
-        action: Annotated[Literal["list", "get", "remove", "reindex", "add-note", "update-note"], Field(
+        action: Annotated[Literal["list", "get", "remove", "reindex", "add-note", "update-note", "prune"], Field(
             description="list: the documents in the collection; get: one document's full text; remove: one "
                         "document and its chunks; reindex: re-embed the whole collection with the configured "
                         "embedding model (after a model change; reports progress); add-note: a new note (content, "
-                        "title); update-note: replace a note's content in place (document, content).")],
+                        "title); update-note: replace a note's content in place (document, content); prune: "
+                        "remove the documents whose files are gone, e.g. after a folder was moved (under, "
+                        "dry_run); never research or notes, never a file that cannot be read.")],
         collection: CollectionName,
         ctx: Context,
         document: Annotated[str | None, Field(
@@ -648,6 +651,11 @@ def _register_tools(mcp: FastMCP) -> None:
         title: Annotated[str | None, Field(description="add-note: the note's title (required); update-note: a new "
                                                        "title.")] = None,
         source: Annotated[str | None, Field(description="add-note: where the note came from.")] = None,
+        under: Annotated[str | None, Field(description="prune: only documents ingested from this folder (under "
+                                                       "the allowed roots; it may no longer exist); confirms its "
+                                                       "files are gone even if it looks like an unmounted "
+                                                       "drive.")] = None,
+        dry_run: Annotated[bool, Field(description="prune: report what would be removed, remove nothing.")] = False,
     ) -> ToolResult:
         from research_agent import augment
         from research_agent import ingest as svc
@@ -666,6 +674,9 @@ def _register_tools(mcp: FastMCP) -> None:
         elif action == "update-note":
             data = await _run(ctx, tool, augment.update_note, c, collection, _require(document, "document", action),
                               _require(content, "content", action), title=title)
+        elif action == "prune":
+            data = await _run(ctx, tool, svc.prune_missing, c, collection, under, dry_run=dry_run,
+                              allowed_roots=c.settings.resolved_allowed_roots())
         else:
             data = await _run(ctx, tool, svc.reindex_collection, c, collection,
                               job={"collection": collection, "path": None})

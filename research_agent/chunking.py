@@ -452,12 +452,13 @@ class _Chunker:
         sections = _sections(text)
         stack: list[tuple[int, str, _Node]] = []  # (level, title, node) of enclosing headers
         doc_node: _Node | None = None
+        top: _Node | None = None
         for section in sections:
             meta, items = _take_metadata(section.items)
             if section.level == 0:
                 doc_meta = {k.lower(): v for k, v in front_matter.items() if k.lower() in ("id", "type", "status")}
                 declared = meta is not None or bool(doc_meta)
-                node = self.node("", {**doc_meta, **(meta or {})})
+                node = top = self.node("", {**doc_meta, **(meta or {})})
                 # Only a document that declares itself a node becomes the parent of its top-level headers.
                 doc_node = node if declared else None
                 header_path, anchor = "", ""
@@ -475,6 +476,17 @@ class _Chunker:
                 # A node with metadata but no content must still exist in the store for dependency queries.
                 self.emit(section.header_line, header_path=header_path, content_type="prose", language=None,
                           node=node, anchor=anchor)
+        if not self.chunks and top is not None:
+            self.outline(front_matter, [s.header_line for s in sections if s.title], top)
+
+    def outline(self, front_matter: dict[str, Any], header_lines: list[str], node: _Node) -> None:
+        """A document of structure only (headings, a front-matter title or description) as one chunk of that
+        text: a release checklist of four headings was "no text content", skipped, and its old version
+        removed. Emitted only when nothing else made a chunk, so documents with a body are unchanged."""
+        head = [cap_text(v, FIELD_MAX_CHARS) for k in ("title", "description")
+                if (v := _scalar(front_matter.get(k)))]
+        parts = head + (["\n".join(header_lines)] if header_lines else [])
+        self.emit("\n\n".join(parts), header_path="", content_type="prose", language=None, node=node)
 
     def block(self, text: str, content_type: str, language: str | None, lead: str, *, header_path: str,
               node: _Node, anchor: str) -> None:

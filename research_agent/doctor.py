@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from research_agent.folder import is_gone
 from research_agent.ingest import delete_chunks, recover_interrupted, version_ids
 from research_agent.store import swap_target
 
 _PAGE = 5000
+#: Documents named per collection when their files are gone (the count is always given).
+MISSING_EXAMPLES = 5
 
 
 class CollectionCheck(BaseModel):
@@ -18,6 +22,9 @@ class CollectionCheck(BaseModel):
     chunks: int
     orphan_chunks: int
     incomplete_documents: list[str]
+    # File documents whose recorded file is gone (moved, renamed, deleted): reported, never removed here.
+    missing_files: int = 0
+    missing_examples: list[str] = []
 
 
 class DoctorReport(BaseModel):
@@ -26,6 +33,8 @@ class DoctorReport(BaseModel):
     collections: list[CollectionCheck]
     leftovers: list[str]
     actions: list[str]
+    # What to run for what doctor reports but does not repair (documents whose files are gone).
+    advice: list[str] = []
 
 
 def _chunk_ids(col: Any) -> set[str]:
@@ -60,8 +69,24 @@ def _check_collection(c, col: Any, repair: bool, actions: list[str]) -> Collecti
             c.store.bump_revision(name)
         actions.append(f"{name}: removed {len(orphans)} orphan chunks, {len(incomplete)} incomplete documents "
                        "(re-ingest them)")
+    missing = _missing_files(manifests)
     return CollectionCheck(collection=name, documents=len(manifests), chunks=len(present),
-                           orphan_chunks=len(orphans), incomplete_documents=[manifests[k]["document"] for k in incomplete])
+                           orphan_chunks=len(orphans), incomplete_documents=[manifests[k]["document"] for k in incomplete],
+                           missing_files=len(missing), missing_examples=missing[:MISSING_EXAMPLES])
+
+
+def _missing_files(manifests: dict[str, dict[str, Any]]) -> list[str]:
+    """File documents whose file lstat reports gone: not damage (the store is consistent), so it does not make
+    the store unhealthy and --repair leaves them; `kb prune` decides with its own safety checks."""
+    return sorted(m["document"] for m in manifests.values()
+                  if m.get("kind") == "document" and m.get("path") and is_gone(Path(m["path"])))
+
+
+def _advice(checks: list[CollectionCheck]) -> list[str]:
+    return [f"{ch.collection}: {ch.missing_files} documents whose files are gone "
+            f"({', '.join(ch.missing_examples)}{', ...' if ch.missing_files > len(ch.missing_examples) else ''}); "
+            f"run `research-agent kb prune --collection {ch.collection} --dry-run`, then without --dry-run, "
+            "to remove them" for ch in checks if ch.missing_files]
 
 
 def _swap_leftovers(c, repair: bool, actions: list[str]) -> list[str]:
@@ -94,9 +119,10 @@ def run_doctor(c, repair: bool = False) -> DoctorReport:
         # Report the store as it is now, not as it was found.
         after = run_doctor(c, repair=False)
         return DoctorReport(healthy=after.healthy, repaired=True, collections=after.collections,
-                            leftovers=after.leftovers, actions=actions)
+                            leftovers=after.leftovers, actions=actions, advice=after.advice)
     healthy = not leftovers and all(not ch.orphan_chunks and not ch.incomplete_documents for ch in checks)
-    return DoctorReport(healthy=healthy, repaired=False, collections=checks, leftovers=leftovers, actions=actions)
+    return DoctorReport(healthy=healthy, repaired=False, collections=checks, leftovers=leftovers, actions=actions,
+                        advice=_advice(checks))
 
 
 __all__ = ["run_doctor", "DoctorReport"]

@@ -288,6 +288,96 @@ def prune_plan(walk: FolderWalk, manifests: Mapping[str, dict[str, Any]],
     return gone, kept
 
 
+# -- prune of files that are gone, whatever folder they were ingested from (kb prune) --------------------------
+#: What `why_kept_missing` returns for a file that exists: not a prune candidate, and nothing to report.
+PRESENT = "present"
+#: A folder this close to the filesystem root ("/", "/mnt", "/media", "/Volumes") is where drives and shares
+#: are mounted: when it is the nearest folder left of a missing file, the drive is more likely unmounted than
+#: the file deleted (parts of "/media" are ("/", "media"), 2).
+MOUNT_DEPTH = 2
+
+
+def is_gone(path: Path) -> bool:
+    """lstat says `path` does not exist (ENOENT, or ENOTDIR: a folder on its path became a file); any other
+    error (EACCES, EIO ...) is not proof of absence."""
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _nearest_folder(path: Path) -> tuple[Path | None, str | None]:
+    """(the nearest existing folder above `path`, None) or (None, why it cannot be told)."""
+    for parent in path.parents:
+        try:
+            st = os.lstat(parent)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            return None, f"cannot tell whether {display(str(parent))} exists: {exc.strerror or exc}"
+        if stat.S_ISDIR(st.st_mode):
+            return parent, None
+    return None, "no folder above it exists"  # (the root always does)
+
+
+def _looks_unmounted(folder: Path, empty: bool) -> bool:
+    """An unmounted drive leaves an empty mount folder, or none below a top-level folder such as /media."""
+    return empty or len(folder.parts) <= MOUNT_DEPTH or os.path.ismount(folder)
+
+
+def why_kept_missing(path: Path, *, confirmed: bool) -> str | None:
+    """None when the recorded file `path` is really gone and may be pruned; PRESENT when it exists; else why
+    it stays although it may be gone.
+
+    Gone means lstat ENOENT/ENOTDIR and the nearest folder left above it can be listed. Without `confirmed`
+    (kb prune --under naming a folder that holds it) a file whose nearest folder is empty, a mount point or
+    top-level stays too: that is what an unmounted drive looks like, and its documents must survive a prune.
+    """
+    try:
+        os.lstat(path)
+        return PRESENT
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        return f"cannot tell whether it exists: {exc.strerror or exc}"
+    near, why = _nearest_folder(path)
+    if near is None:
+        return why
+    try:
+        with os.scandir(near) as entries:
+            empty = next(entries, None) is None
+    except OSError as exc:
+        return f"the folder {display(str(near))} cannot be read: {exc.strerror or exc}"
+    if not confirmed and _looks_unmounted(near, empty):
+        return (f"its nearest remaining folder {display(str(near))} is empty, a mount point or top-level, as with "
+                "an unmounted drive; mount it, or confirm the files are gone for good with --under <their folder>")
+    return None
+
+
+def missing_plan(manifests: Mapping[str, dict[str, Any]], under: Path | None,
+                 roots: list[Path] | None) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str]]]:
+    """(documents whose files are gone, [(document, why it stays)]) among the file documents recorded under
+    `under` (all when None) and the allowed roots; research and notes have no file and are never candidates."""
+    gone: dict[str, dict[str, Any]] = {}
+    kept: list[tuple[str, str]] = []
+    for key, m in sorted(manifests.items(), key=lambda kv: kv[1].get("document", "")):
+        if m.get("kind") != "document" or not m.get("path"):
+            continue
+        path = Path(m["path"])
+        if (under is not None and not path.is_relative_to(under)) or (
+                roots is not None and not any(path.is_relative_to(r) for r in roots)):
+            continue
+        reason = why_kept_missing(path, confirmed=under is not None)
+        if reason is None:
+            gone[key] = m
+        elif reason != PRESENT:
+            kept.append((m["document"], reason))
+    return gone, kept
+
+
 # -- document keys -------------------------------------------------------------------------------------------------
 def folder_prefix(root: Path, manifests: Mapping[str, dict[str, Any]]) -> str:
     """The key prefix of `root`'s documents: `docs` for /a/docs, so keys read `docs/guide.md` (as always).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -57,6 +59,8 @@ class IngestReport(BaseModel):
     not_pruned: list[FileProblem] = []
     # Files ingested whole but with a problem worked around (front matter that did not parse was ignored...).
     warnings: list[FileProblem] = []
+    # kb prune --dry-run: removed_documents lists what would be removed; nothing was (removed is 0).
+    dry_run: bool = False
 
 
 class DocumentInfo(BaseModel):
@@ -118,7 +122,7 @@ def check_allowed(path: Path, allowed_roots: list[Path] | None) -> Path:
         resolved = path.expanduser().resolve()
         resolved.exists()  # ENAMETOOLONG and friends surface here, not later
     except (OSError, RuntimeError, ValueError) as exc:
-        raise DocumentError(f"Unusable path: {getattr(exc, 'strerror', None) or type(exc).__name__}",
+        raise DocumentError(f"Unusable path: {_path_problem(exc)}",
                             guidance="Pass an existing file or folder path.", path=folder.display(raw[:200])) from None
     if allowed_roots is not None and not any(resolved == r or r in resolved.parents for r in allowed_roots):
         raise DocumentError(
@@ -127,6 +131,14 @@ def check_allowed(path: Path, allowed_roots: list[Path] | None) -> Path:
             path=folder.display(raw[:200]),
         )
     return resolved
+
+
+def _path_problem(exc: Exception) -> str:
+    """Why a path could not be resolved, in words: Path.resolve reports a symlink loop as a bare RuntimeError
+    before Python 3.13 (the message was "Unusable path: RuntimeError") and as ELOOP after."""
+    if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP:
+        return "symlink loop"
+    return getattr(exc, "strerror", None) or type(exc).__name__
 
 
 def source_name(path: Path, root: Path | None, prefix: str | None = None) -> str:
@@ -402,7 +414,8 @@ def ingest_path(c, path: str | Path, collection: str, *, recursive: bool = False
     started = time.perf_counter()
     target = check_allowed(Path(path), allowed_roots)
     if not target.exists():
-        raise DocumentError(f"No such file or folder: {folder.display(str(path))}", guidance="Check the path.",
+        raise DocumentError(f"No such file or folder: {folder.display(str(path))}",
+                            guidance=_missing_target_guidance(target, collection, prune),
                             path=folder.display(str(path)[:200]))
     c.store.refresh()
     open_collection(c, collection)  # fail before any work on an unknown collection or model mismatch
@@ -442,6 +455,56 @@ def ingest_path(c, path: str | Path, collection: str, *, recursive: bool = False
             report=report.model_dump(mode="json"),
         )
     return report
+
+
+def _missing_target_guidance(target: Path, collection: str, prune: bool) -> str:
+    if not prune:
+        return "Check the path."
+    return (f"Check the path. If the folder was moved or deleted, `research-agent kb prune --collection "
+            f"{collection} --under {folder.display(str(target))}` removes what was ingested from it "
+            "(--dry-run first shows what).")
+
+
+def prune_missing(c, collection: str, under: str | Path | None = None, *, dry_run: bool = False,
+                  allowed_roots: list[Path] | None = None) -> IngestReport:
+    """Remove the file documents of `collection` whose recorded file is really gone (folder.why_kept_missing),
+    wherever they were ingested from: the way out after renaming or moving an ingested folder, which
+    `add-folder --prune` cannot give (it only sees the folder it walks). Research and notes are never touched.
+
+    `under` limits it to one folder and confirms that folder's files are gone for good, so documents of a
+    drive that looks unmounted are removed only then. Removal goes through delete_documents (one intent, the
+    manifests first), so a kill -9 midway leaves either the old documents or none, never half of one.
+    """
+    started = time.perf_counter()
+    scope = _prune_scope(under, allowed_roots)
+    c.store.refresh()
+    open_collection(c, collection, check_model=False)
+    recover_if_needed(c, collection)
+    report = IngestReport(collection=collection, dry_run=dry_run)
+    with contextlib.nullcontext() if dry_run else c.store.write_lock():  # the plan sees what the delete deletes
+        manifests = c.store.registry_find("document", collection)
+        gone, kept = folder.missing_plan(manifests, scope, allowed_roots)
+        if not dry_run:
+            delete_documents(c, collection, gone)
+    report.files_seen = sum(1 for m in manifests.values() if m.get("kind") == "document" and m.get("path"))
+    report.removed = 0 if dry_run else len(gone)
+    report.removed_documents = sorted(m["document"] for m in gone.values())
+    report.not_pruned = [FileProblem(path=d, reason=r) for d, r in kept]
+    report.seconds = round(time.perf_counter() - started, 3)
+    return report
+
+
+def _prune_scope(under: str | Path | None, allowed_roots: list[Path] | None) -> Path | None:
+    """`under` resolved (it need not exist any more) and checked against the allowed roots; a top-level folder
+    is refused, since naming it would confirm as gone every drive mounted below it."""
+    if under is None:
+        return None
+    scope = check_allowed(Path(under), allowed_roots)
+    if len(scope.parts) <= folder.MOUNT_DEPTH:
+        raise DocumentError(f"--under {folder.display(str(scope))} is a top-level folder",
+                            guidance="Name the folder the documents were ingested from (as kb list-documents "
+                                     "shows their paths), not a mount root.", path=folder.display(str(scope)))
+    return scope
 
 
 def _plan(c, target: Path, collection: str, existing: dict[str, dict[str, Any]], *, recursive: bool,

@@ -375,3 +375,44 @@ def test_chunks_fit_any_counter_and_model_limit_exactly(text: str, budget: int, 
         room = min(budget, limit - len(embedding_context("Doc", chunk.header_path)) - 1)
         assert chunk.text.strip() and len(chunk.text) <= max(1, room), (chunk.header_path, chunk.text)
         assert len(chunk.text.encode("utf-8")) <= 200
+
+
+# -- documents made only of structure (headings, front matter) -------------------------------------
+_OUTLINE = "# Release checklist\n## Bump the version\n## Tag the release\n### Publish wheels to PyPI\n"
+
+
+def test_a_headings_only_document_is_one_outline_chunk_of_its_headings() -> None:
+    chunks = chunk_document(parse_text(_OUTLINE), source="checklist.md")
+    assert len(chunks) == 1
+    assert chunks[0].text == _OUTLINE.strip()
+    assert chunks[0].content_type == "prose" and chunks[0].header_path == ""
+    assert chunks[0].token_count == estimate_tokens(_OUTLINE.strip())
+
+
+def test_an_outline_over_the_budget_splits_by_lines_and_keeps_every_heading() -> None:
+    text = "".join(f"## Step {i} of the release, done by hand\n" for i in range(60))
+    chunks = chunk_document(parse_text(text), source="long.md", max_tokens=40)
+    assert len(chunks) > 1 and all(c.token_count <= 40 for c in chunks)
+    assert "\n".join(c.text for c in chunks) == text.strip()
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("---\ntitle: Hello world\ndescription: Release notes for 2.0\n---\n", "Hello world\n\nRelease notes for 2.0"),
+    ("---\ntitle: Plan\n---\n# Phase one\n## Phase two\n", "Plan\n\n# Phase one\n## Phase two"),
+    ("| a | b |\n|---|---|\n| x | y |\n", "| a | b |\n|---|---|\n| x | y |"),   # a table is content already
+    ("```py\nprint(1)\n```\n", "```py\nprint(1)\n```"),                            # so is a code fence
+])
+def test_all_structure_files_keep_their_visible_text(text: str, expected: str) -> None:
+    chunks = chunk_document(parse_text(text), source="s.md")
+    assert [c.text for c in chunks] == [expected]
+
+
+@pytest.mark.parametrize("text", ["", "  \n\n\t\n", "```\n```\n", "#\n##\n", "<!-- content -->\n",
+                                  "---\ntags: [a, b]\n---\n"])
+def test_files_with_no_visible_text_still_have_no_chunks(text: str) -> None:
+    assert chunk_document(parse_text(text), source="e.md") == []
+
+
+def test_a_document_with_a_body_gets_no_outline_chunk() -> None:
+    chunks = chunk_document(parse_text("# Title\n## Empty\n## Full\n\nbody text\n"), source="b.md")
+    assert [c.text for c in chunks] == ["## Full\n\nbody text"]

@@ -1,7 +1,7 @@
 """The crash-point harness: every mutating command, killed with SIGKILL at each of its write steps, then the
 user's next move (re-running the command, or the next command), ends in the store an uninterrupted run leaves.
 
-Commands: kb add-folder, kb add-folder --prune, kb reindex, kb remove-document, collections delete,
+Commands: kb add-folder, kb add-folder --prune, kb prune, kb reindex, kb remove-document, collections delete,
 kb update-note, kb add-research, doctor --repair. Each runs as the real CLI in a subprocess; the kill point
 is named in RA_TEST_KILL_AT (the hook of test_concurrency.FAKE_CLI), so the process kills itself exactly
 between two writes. Compared with the uninterrupted run: the Chroma collections present (working copies
@@ -84,6 +84,12 @@ def _prune_setup(base: Path, env: dict[str, str]) -> None:
     write_v2(base / "corpus")
 
 
+def _moved(base: Path, env: dict[str, str]) -> None:
+    """The ingested folder renamed: its documents' files are gone, for `kb prune`."""
+    _ingested(base, env)
+    (base / "corpus").rename(base / "corpus-moved")
+
+
 def _linked(base: Path, env: dict[str, str]) -> None:
     _ingested(base, env)
     cli(base, env, "projects", "create", "proj")
@@ -158,6 +164,10 @@ SCENARIOS: dict[str, Scenario] = {
         ["_write_intent:1+", "delete_chunks:1", "_clear_intent:1"],
         # Killed after the manifest went, the document is already gone: "not found" (exit 5) is the truth.
         _rerun(lambda b: ["kb", "remove-document", "corpus/doc004.md", "--collection", COLL], codes=(0, 5))),
+    "prune": Scenario(
+        _moved, lambda b: ["kb", "prune", "--collection", COLL],
+        ["_write_intent:1+", "delete_chunks:1", "_clear_intent:1"],
+        _rerun(lambda b: ["kb", "prune", "--collection", COLL])),
     "collections-delete": Scenario(
         _linked, lambda b: ["collections", "delete", COLL, "--yes"],
         ["store.Store.delete_collection:1", "store.Store.delete_collection:1+",

@@ -263,6 +263,28 @@ def test_add_document_of_a_file_turned_bad_removes_the_old_version(container, fa
     assert documents(container, "docs") == [] and not keyword_hits(container, "docword")
 
 
+def test_a_headings_only_file_is_indexed_not_dropped_real_model(container):
+    """Heading text is content (attack 2, item 1): a file turned into an outline keeps a document whose
+    headings a keyword and a semantic query find; only a truly empty file is "no text content"."""
+    folder = Path.cwd() / "kb"
+    path = write(folder / "release.md", "# Release checklist\n\nOld body about the zebrafish release.\n")
+    write(folder / "empty.md", "# E\n\nemptyword text\n")
+    collections.create_collection(container, "docs")
+    ingest.ingest_path(container, folder, "docs")
+    write(path, "# Release checklist\n## Bump the version\n## Tag the release\n### Publish wheels to PyPI\n")
+    write(folder / "empty.md", " \n\n")
+    report = ingest.ingest_path(container, folder, "docs")
+    assert report.updated == 1 and report.removed_documents == ["kb/empty.md"], report
+    assert [p.path for p in report.skipped] == ["kb/empty.md"] and "no text content" in report.skipped[0].reason
+    assert documents(container, "docs") == ["kb/release.md"]
+    assert any("Publish wheels to PyPI" in t for t in keyword_hits(container, "publish wheels to PyPI"))
+    assert not keyword_hits(container, "zebrafish")
+    hits = query.query_knowledge(container, "how do I publish wheels", mode="semantic", rerank=False).results
+    assert hits and hits[0].source_document == "kb/release.md"
+    single = write(Path.cwd() / "outline.md", "# Plan\n## Phase one\n")
+    assert ingest.ingest_path(container, single, "docs").added == 1  # add-document: no exit 5 either
+
+
 # -- same-named folders ------------------------------------------------------------------------------------------
 def test_same_named_folders_get_distinct_stable_keys(container, fake_embedder):
     a = write(Path.cwd() / "a" / "docs" / "x.md", "# X\n\nfrom folder a: anteater\n").parent

@@ -76,7 +76,7 @@ async def test_lists_exactly_the_tools_with_annotations_and_schemas():
     actions = tools["manage_projects"].input_schema["properties"]["action"]["enum"]
     assert actions == ["create", "list", "info", "delete", "link", "unlink", "set-defaults"]
     assert tools["manage_documents"].input_schema["properties"]["action"]["enum"] == [
-        "list", "get", "remove", "reindex", "add-note", "update-note"]
+        "list", "get", "remove", "reindex", "add-note", "update-note", "prune"]
     assert tools["query_knowledge_base"].input_schema["required"] == ["query"]
     assert set(tools["ingest_documents"].input_schema["required"]) == {"path", "collection"}
 

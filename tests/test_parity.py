@@ -30,6 +30,7 @@ PARITY = {
     "kb list-documents": ("manage_documents", "list"),
     "kb remove-document": ("manage_documents", "remove"),
     "kb reindex": ("manage_documents", "reindex"),
+    "kb prune": ("manage_documents", "prune"),
     # A watch is one long-running loop of incremental ingests: over MCP, a client calls
     # ingest_documents (the same library function) whenever it wants a sync.
     "kb watch": ("ingest_documents", None),

@@ -16,5 +16,8 @@ def doctor(ctx: typer.Context,
     state = get_state(ctx)
     report = run_doctor(state.container(), repair=repair)
     render.emit(state, report, render.doctor_report)
+    if not state.json:
+        for line in report.advice:  # not damage: shown apart from the repairs, and healthy stays as it was
+            render.stderr().print(f"note: {line}", markup=False, highlight=False)
     if not report.healthy:
         raise typer.Exit(1)

@@ -114,6 +114,24 @@ def remove_document(ctx: typer.Context,
     render.emit(state, remove(state.container(), collection, document), render.deleted)
 
 
+@app.command("prune")
+def prune(ctx: typer.Context, collection: str = COLLECTION,
+          under: Optional[Path] = typer.Option(None, "--under", metavar="PATH",
+                                               help="Only documents ingested from this folder (it may no longer "
+                                                    "exist); confirms its files are gone for good."),
+          dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed; remove nothing.")) -> None:
+    """Remove documents whose files are gone (after moving or renaming an ingested folder).
+
+    Never on an unreadable file or folder; a drive that looks unmounted is kept unless --under names it."""
+    from research_agent.ingest import prune_missing
+
+    state = get_state(ctx)
+    report = prune_missing(state.container(), collection, under, dry_run=dry_run)
+    render.emit(state, report, render.ingest_report)
+    if dry_run and not state.json:
+        render.stderr().print("dry run: nothing was removed")
+
+
 @app.command("reindex")
 def reindex(ctx: typer.Context, collection: str = COLLECTION) -> None:
     """Re-embed every chunk with the configured embedding model (after changing it)."""
