@@ -109,30 +109,24 @@ class _Limits:
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
-            raise DocumentError(
-                f"{self.name} took more than {PARSE_SECONDS:g} s to parse",
-                guidance="Split the file, or convert it to plain text or markdown and ingest that.",
-                path=self.path,
-            )
+            self._refuse(f"took more than {PARSE_SECONDS:g} s to parse",
+                         "Split the file, or convert it to plain text or markdown and ingest that.")
 
     def add_text(self, chars: int) -> None:
         self.chars += chars
         if self.chars > MAX_TEXT_CHARS:
-            raise DocumentError(
-                f"{self.name} holds more than {MAX_TEXT_CHARS:,} characters of text",
-                guidance="Split the file into smaller documents.",
-                path=self.path,
-            )
+            self._refuse(f"holds more than {MAX_TEXT_CHARS:,} characters of text",
+                         "Split the file into smaller documents.")
 
     def add_inflated(self, size: int) -> None:
         self.inflated += size
         if self.inflated > MAX_DECOMPRESSED_BYTES:
-            raise DocumentError(
-                f"{self.name} inflates to more than {MAX_DECOMPRESSED_BYTES // 2**20} MB"
-                " (a compression bomb, or far larger than it looks)",
-                guidance="Split the file, or export it to plain text or markdown and ingest that.",
-                path=self.path,
-            )
+            self._refuse(f"inflates to more than {MAX_DECOMPRESSED_BYTES // 2**20} MB"
+                         " (a compression bomb, or far larger than it looks)",
+                         "Split the file, or export it to plain text or markdown and ingest that.")
+
+    def _refuse(self, why: str, guidance: str) -> None:
+        raise DocumentError(f"{self.name} {why}", guidance=guidance, path=self.path)
 
 
 def detect_format(path: Path) -> str | None:
