@@ -83,7 +83,8 @@ class Settings(BaseModel):
     max_query_chars: int = Field(2000, ge=1)
     max_top_k: int = Field(100, ge=1)
     per_document_cap: int = Field(3, ge=0)  # 0 = no cap
-    # Score bands, highest first: each in [0, 1] and highly >= relevant >= somewhat (`_ordered_thresholds`).
+    # Label bands on relevance_score, the calibrated probability that a hit is relevant (research_agent/calibration.py),
+    # highest first: each in [0, 1] and highly >= relevant >= somewhat (`_ordered_thresholds`).
     threshold_highly_relevant: float = Field(0.8, ge=0.0, le=1.0)
     threshold_relevant: float = Field(0.5, ge=0.0, le=1.0)
     threshold_somewhat_relevant: float = Field(0.2, ge=0.0, le=1.0)

@@ -141,16 +141,18 @@ def iter_beir_corpus(path: str | Path, limit: int | None = None) -> Iterable[dic
 
 
 def ingest_beir_corpus(c, collection: str, corpus_jsonl: str | Path, limit: int | None = None,
-                       progress: Callable[[BeirIngestProgress], None] | None = None, batch: int = 256) -> int:
+                       progress: Callable[[BeirIngestProgress], None] | None = None, batch: int = 256,
+                       suffix: str | None = None) -> int:
     """Write each corpus entry as a document whose key is its `_id` (title as document title, text chunked).
 
+    `suffix` (e.g. ".py") parses each entry as a file with that extension would be parsed (CoSQA's functions
+    are code, chunked by the code chunker, titled by the `_id` as a file by its stem); default plain text.
     Entries whose content is already stored are skipped, so a re-run resumes. Returns chunks written.
     """
     from research_agent.chunking import chunk_document
     from research_agent.collections import open_collection
     from research_agent.embeddings import chunk_limits
     from research_agent.ingest import PreparedDocument, content_hash, write_documents
-    from research_agent.parsing import ParsedDocument
 
     c.store.refresh()
     open_collection(c, collection)
@@ -164,7 +166,7 @@ def ingest_beir_corpus(c, collection: str, corpus_jsonl: str | Path, limit: int 
         doc_id, title, text = str(obj["_id"]), str(obj.get("title") or ""), str(obj.get("text") or "")
         digest = content_hash(f"{title}\n{text}")
         if existing.get(doc_id) != digest and (title.strip() or text.strip()):
-            parsed = ParsedDocument(text=text or title, format="text", title=title or doc_id)
+            parsed = _parse_entry(text or title, title or doc_id, suffix)
             # Sized in the embedder's own tokens (loaded only once an entry needs writing).
             limits = limits or chunk_limits(c.embedder, c.settings.chunk_max_tokens)
             chunks = chunk_document(parsed, source=doc_id, title=title or doc_id, **limits)
@@ -175,6 +177,17 @@ def ingest_beir_corpus(c, collection: str, corpus_jsonl: str | Path, limit: int 
             pending = []
             notify(BeirIngestProgress(documents_done=done, documents_total=len(entries)))
     return written
+
+
+def _parse_entry(text: str, title: str, suffix: str | None) -> Any:
+    from research_agent.parsing import ParsedDocument, detect_format, parse_text
+
+    fmt = detect_format(Path(f"x{suffix}")) if suffix else None
+    if fmt is None:
+        return ParsedDocument(text=text, format="text", title=title)
+    parsed = parse_text(text, format=fmt, name=f"{title}{suffix}")
+    parsed.title = parsed.title or title
+    return parsed
 
 
 # -- evaluate ------------------------------------------------------------------------------------

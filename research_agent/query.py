@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel
 
+from research_agent import calibration
 from research_agent.collections import open_collection
 from research_agent.errors import CollectionError, QueryError
 
@@ -65,13 +66,8 @@ class Candidate:
 
 
 def relevance_label(score: float, settings: Any) -> str:
-    if score >= settings.threshold_highly_relevant:
-        return "Highly Relevant"
-    if score >= settings.threshold_relevant:
-        return "Relevant"
-    if score >= settings.threshold_somewhat_relevant:
-        return "Somewhat Relevant"
-    return "Not Relevant"
+    """The band of a calibrated relevance probability (research_agent.calibration.label)."""
+    return calibration.label(score, settings)
 
 
 def validate_query(query: Any, settings: Any) -> str:
@@ -248,23 +244,30 @@ def fuse_rrf(dense: list[Candidate], keyword: list[Candidate], dense_weight: flo
     return sorted(merged.values(), key=lambda x: x.fused, reverse=True)
 
 
-def fuse_convex(cands: list[Candidate], dense_weight: float) -> list[Candidate]:
-    """Convex combination of min-max normalised scores (every candidate has both scores).
+def _min_max(values: list[float]) -> list[float]:
+    lo, hi = min(values), max(values)
+    if hi > lo:
+        return [(v - lo) / (hi - lo) for v in values]
+    return [1.0 if hi > 0 else 0.0 for _ in values]
 
-    Normalisation is per query over the candidate pool: dense (cosine) and keyword (BM25) live on
-    different scales, and BM25's scale changes with the query's length and term rarity.
+
+def fusion_scores(dense: list[float], keyword: list[float], dense_weight: float | None = None) -> list[float]:
+    """Fused scores of a candidate pool from its cosines and BM25 scores (same order, every candidate both).
+
+    Min-max normalised per query over the pool (cosine and BM25 live on different scales, and BM25's scale
+    changes with the query's length and term rarity), then a convex combination with `dense_weight`.
     """
-    if not cands:
+    if not dense:
         return []
+    w = 0.5 if dense_weight is None else dense_weight
+    return [w * d + (1.0 - w) * k for d, k in zip(_min_max(dense), _min_max(keyword))]
 
-    def normaliser(values: list[float]) -> Callable[[float], float]:
-        lo, hi = min(values), max(values)
-        return (lambda v: (v - lo) / (hi - lo)) if hi > lo else (lambda v: 1.0 if hi > 0 else 0.0)
 
-    nd = normaliser([x.dense or 0.0 for x in cands])
-    nk = normaliser([x.keyword or 0.0 for x in cands])
-    for x in cands:
-        x.fused = dense_weight * nd(x.dense or 0.0) + (1.0 - dense_weight) * nk(x.keyword or 0.0)
+def fuse_convex(cands: list[Candidate], dense_weight: float | None) -> list[Candidate]:
+    """Candidates sorted by `fusion_scores` (every candidate has both scores)."""
+    fused = fusion_scores([x.dense or 0.0 for x in cands], [x.keyword or 0.0 for x in cands], dense_weight)
+    for x, f in zip(cands, fused):
+        x.fused = f
     return sorted(cands, key=lambda x: x.fused, reverse=True)
 
 
@@ -369,11 +372,6 @@ def cap_per_document(cands: list[Candidate], cap: int) -> list[Candidate]:
             seen[doc] += 1
             out.append(cand)
     return out
-
-
-def _keyword_relevance(score: float) -> float:
-    # BM25 scores are unbounded; squash so a few strong term matches approach 1.
-    return 1.0 - math.exp(-score / 8.0)
 
 
 # -- snippets and the token budget ----------------------------------------------------------------
@@ -507,6 +505,68 @@ def refine(query: str, hits: list[QueryHit], settings: Any) -> QueryRefinement:
     return QueryRefinement(status="optimal", suggestions=[], message="The top results match the query well.")
 
 
+def _rerank_scores(c, query: str, pool: list[Candidate], timings: dict[str, float],
+                   warnings: list[str]) -> list[float] | None:
+    """The cross-encoder's probabilities for the pool, or None (with a warning) when it cannot load."""
+    s = c.settings
+    t = time.perf_counter()
+    # Windows only for a reranker that loads: offline, the default one never does.
+    scores = (c.reranker.score(query, [rerank_passage(cand.text, query, s.rerank_passage_tokens) for cand in pool])
+              if c.reranker.load() else None)
+    timings["rerank"] = (time.perf_counter() - t) * 1000
+    if scores is None:
+        warnings.append(f"Not reranked: reranker {s.reranker_model!r} is unavailable "
+                        f"({c.reranker.error}). Results are in retrieval order.")
+    return scores
+
+
+def calibrated_order(c, query: str, pool: list[Candidate], mode: str, use_rerank: bool,
+                     timings: dict[str, float], warnings: list[str]) -> list[float]:
+    """Sort `pool` in place into the returned order and give each its calibrated relevance probability.
+
+    Without a reranker the order is the retrieval order and the score the calibrated probability of the
+    hit's evidence (research_agent.calibration), capped to descend. With one, each candidate's score is the
+    position-aware blend of the cross-encoder's probability and that retrieval probability, and the pool is
+    sorted by it, so the score descends by construction and means the same with and without a reranker.
+    """
+    retrieval = calibration.calibrated_scores(mode, [x.dense for x in pool], [x.keyword for x in pool],
+                                              [x.fused for x in pool])
+    rerank_scores = _rerank_scores(c, query, pool, timings, warnings) if use_rerank and pool else None
+    if rerank_scores is None:
+        return retrieval
+    blended = {}
+    for rank, (cand, p, r) in enumerate(zip(pool, retrieval, rerank_scores), start=1):
+        cand.rerank = r
+        blended[cand.id] = calibration.blend_rerank(p, r, rank)
+    pool.sort(key=lambda x: blended[x.id], reverse=True)
+    return [blended[x.id] for x in pool]
+
+
+def _hits(c, query: str, pool: list[Candidate], scores: list[float], *, snippets: bool,
+          max_tokens: int | None) -> tuple[list[QueryHit], int, bool]:
+    """QueryHits for the pool in order, within the token budget: (hits, tokens used, cut by the budget)."""
+    from research_agent.chunking import estimate_tokens
+
+    s = c.settings
+    hits: list[QueryHit] = []
+    used_tokens = 0
+    for cand, score in zip(pool, scores):
+        text = snippet(cand.text, query, s.snippet_tokens) if snippets else cand.text
+        tokens = estimate_tokens(text)
+        if max_tokens is not None and hits and used_tokens + tokens > max_tokens:
+            return hits, used_tokens, True
+        used_tokens += tokens
+        meta = dict(cand.metadata)
+        meta.update(chunk_id=cand.id, retrieval={k: round(v, 4) for k, v in (
+            ("dense", cand.dense), ("keyword", cand.keyword), ("fused", cand.fused), ("rerank", cand.rerank))
+            if v is not None}, ranks=dict(cand.ranks), returned_tokens=tokens, snippet=bool(snippets and text != cand.text))
+        hits.append(QueryHit(content=text, relevance_score=round(score, 4),
+                             relevance_label=relevance_label(score, s),
+                             source_document=meta.get("source_document", ""),
+                             header_path=meta.get("header_path", ""), metadata=meta))
+    return hits, used_tokens, False
+
+
 # -- the service ----------------------------------------------------------------------------------
 def query_knowledge(c, query: str, *, collections: list[str] | None = None, project: str | None = None,
                     top_k: int = 10, document_context: str | None = None, mode: str = "hybrid",
@@ -520,8 +580,6 @@ def query_knowledge(c, query: str, *, collections: list[str] | None = None, proj
     of each chunk that best matches the query instead of the whole chunk. per_document_cap: override
     settings.per_document_cap (0 = no cap).
     """
-    from research_agent.chunking import estimate_tokens
-
     s = c.settings
     t0 = time.perf_counter()
     query = validate_query(query, s)
@@ -549,47 +607,11 @@ def query_knowledge(c, query: str, *, collections: list[str] | None = None, proj
                                 timings=timings, filters=flt)
     fused = cap_per_document(fused, cap)
     warnings: list[str] = []
-    reranked = False
     use_rerank = bool(rerank and s.rerank)
     pool = fused[:n_rerank] if use_rerank else fused[:top_k]
-    if use_rerank and pool:
-        t = time.perf_counter()
-        # Windows only for a reranker that loads: offline, the default one never does.
-        scores = (c.reranker.score(query, [rerank_passage(cand.text, query, s.rerank_passage_tokens) for cand in pool])
-                  if c.reranker.load() else None)
-        timings["rerank"] = (time.perf_counter() - t) * 1000
-        if scores is None:
-            warnings.append(f"Not reranked: reranker {s.reranker_model!r} is unavailable "
-                            f"({c.reranker.error}). Results are in retrieval order.")
-        else:
-            for cand, sc in zip(pool, scores):
-                cand.rerank = sc
-            pool.sort(key=lambda x: x.rerank or 0.0, reverse=True)
-            reranked = True
-    hits: list[QueryHit] = []
-    used_tokens = 0
-    truncated = False
-    for cand in pool[:top_k]:
-        if cand.rerank is not None:
-            score = cand.rerank
-        elif cand.dense is not None and mode != "keyword":
-            score = max(0.0, min(1.0, cand.dense))
-        else:
-            score = _keyword_relevance(cand.keyword or 0.0)
-        text = snippet(cand.text, query, s.snippet_tokens) if snippets else cand.text
-        tokens = estimate_tokens(text)
-        if max_tokens is not None and hits and used_tokens + tokens > max_tokens:
-            truncated = True
-            break
-        used_tokens += tokens
-        meta = dict(cand.metadata)
-        meta.update(chunk_id=cand.id, retrieval={k: round(v, 4) for k, v in (
-            ("dense", cand.dense), ("keyword", cand.keyword), ("fused", cand.fused), ("rerank", cand.rerank))
-            if v is not None}, ranks=dict(cand.ranks), returned_tokens=tokens, snippet=bool(snippets and text != cand.text))
-        hits.append(QueryHit(content=text, relevance_score=round(score, 4),
-                             relevance_label=relevance_label(score, s),
-                             source_document=meta.get("source_document", ""),
-                             header_path=meta.get("header_path", ""), metadata=meta))
+    scores = calibrated_order(c, query, pool, mode, use_rerank, timings, warnings)
+    reranked = any(cand.rerank is not None for cand in pool)
+    hits, used_tokens, truncated = _hits(c, query, pool[:top_k], scores, snippets=snippets, max_tokens=max_tokens)
     timings["total"] = (time.perf_counter() - t0) * 1000
     return QueryResult(query=query, mode=mode, collections=names, reranked=reranked, warnings=warnings, results=hits,
                        query_refinement=refine(query, hits, s), timings_ms={k: round(v, 1) for k, v in timings.items()},

@@ -180,8 +180,8 @@ def _snippet(text: str, limit: int = 240) -> str:
 def query_result(console: Console, r: Any) -> None:
     for warning in r.warnings:
         console.print(f"[yellow]Warning:[/yellow] {escape(warning)}")
-    if not r.reranked and not r.warnings:
-        console.print("[yellow]Warning:[/yellow] results are not reranked (retrieval order).")
+    # No warning when reranking was turned off (--no-rerank, rerank: false): the user asked for it. A reranker
+    # that was wanted but could not load arrives as one of r.warnings.
     if not r.results:
         console.print(f"No results in {escape(', '.join(r.collections))}.")
     for rank, hit in enumerate(r.results, start=1):

@@ -1,0 +1,98 @@
+"""Calibrated relevance: every hit's `relevance_score` estimates the probability that the chunk is relevant.
+
+Why: the raw scores mean different things per mode (a cosine of 0.4 is a good MiniLM hit, a BM25 of 12 is
+unbounded, a fused score is min-max normalised per query so the top hit is always about 1), so labels and
+refinement advice built on them misled (issue 12). A small logistic model per mode maps cheap per-hit
+features to P(judged relevant); it was fitted on public NFCorpus train + dev judgments (never on a test
+split; SciFact is not used at all) by benchmarks/calibrate.py, which also reports the expected calibration
+error on the test splits and draws benchmarks/reliability.png. Parameters ship in calibration.json beside
+this module; scoring is a dot product and a sigmoid per hit (microseconds, no model).
+
+Scores are made non-increasing down the returned list (each is capped by the one above it): the order is
+the retrieval (or rerank) order, and a list that reads 0.51, 0.55, 0.49 looks broken even when each number
+is an honest estimate. The cap is rarely active, because the features that carry most weight (rank and
+the fused score) fall down the list anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Sequence
+
+#: Features a model may use, computed per hit from its retrieval evidence.
+FEATURES = ("cosine", "bm25", "log_rank", "fused", "top_cosine", "top_bm25")
+#: Position-aware blend of a reranker's probability with the retrieval probability (weight of the reranker
+#: by rank in the retrieval order): the top retrieval hits keep more of their own evidence, deeper ones
+#: lean on the cross-encoder, which is where it adds most. A common choice for cross-encoder blending;
+#: not fitted here (no pretrained cross-encoder loads offline).
+RERANK_WEIGHT_BY_RANK = ((3, 0.5), (10, 0.6), (10**9, 0.7))
+
+
+def bm25_squash(score: float) -> float:
+    """BM25 scores are unbounded; squash so a few strong term matches approach 1 (8 is a typical top score)."""
+    return 1.0 - math.exp(-max(0.0, score) / 8.0)
+
+
+@lru_cache(maxsize=1)
+def parameters() -> dict[str, Any]:
+    """The shipped calibration (research_agent/calibration.json)."""
+    return json.loads(resources.files("research_agent").joinpath("calibration.json").read_text(encoding="utf-8"))
+
+
+def hit_features(dense: Sequence[float | None], keyword: Sequence[float | None],
+                 fused: Sequence[float]) -> list[dict[str, float]]:
+    """Feature rows for hits in their returned order (rank 1 first); query-level features are list maxima."""
+    cos = [max(-1.0, min(1.0, d)) if d is not None else 0.0 for d in dense]
+    bm = [bm25_squash(k) if k is not None else 0.0 for k in keyword]
+    top_cos, top_bm = max(cos, default=0.0), max(bm, default=0.0)
+    return [{"cosine": c, "bm25": b, "log_rank": math.log(rank), "fused": f, "top_cosine": top_cos,
+             "top_bm25": top_bm} for rank, (c, b, f) in enumerate(zip(cos, bm, fused), start=1)]
+
+
+def probability(mode: str, row: dict[str, float], params: dict[str, Any] | None = None) -> float:
+    """P(relevant) of one hit under the mode's logistic model."""
+    model = (params or parameters())["models"][mode]
+    z = model["intercept"] + sum(w * row[name] for name, w in zip(model["features"], model["coef"]))
+    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+def descending(scores: Sequence[float]) -> list[float]:
+    """Each score capped by the one above it, so the list reads in its order."""
+    out: list[float] = []
+    for s in scores:
+        out.append(min(s, out[-1]) if out else s)
+    return out
+
+
+def calibrated_scores(mode: str, dense: Sequence[float | None], keyword: Sequence[float | None],
+                      fused: Sequence[float], params: dict[str, Any] | None = None) -> list[float]:
+    """Calibrated, non-increasing relevance probabilities of hits given in their returned order."""
+    rows = hit_features(dense, keyword, fused)
+    return descending([probability(mode, r, params) for r in rows])
+
+
+def rerank_weight(retrieval_rank: int) -> float:
+    for upto, weight in RERANK_WEIGHT_BY_RANK:
+        if retrieval_rank <= upto:
+            return weight
+    return RERANK_WEIGHT_BY_RANK[-1][1]
+
+
+def blend_rerank(retrieval_probability: float, rerank_probability: float, retrieval_rank: int) -> float:
+    """A reranker's probability (sigmoid of its logit) blended into the calibrated scale, position-aware."""
+    w = rerank_weight(retrieval_rank)
+    return w * rerank_probability + (1.0 - w) * retrieval_probability
+
+
+def label(probability_: float, settings: Any) -> str:
+    """The label band of a calibrated probability (thresholds from settings, compared with the probability)."""
+    if probability_ >= settings.threshold_highly_relevant:
+        return "Highly Relevant"
+    if probability_ >= settings.threshold_relevant:
+        return "Relevant"
+    if probability_ >= settings.threshold_somewhat_relevant:
+        return "Somewhat Relevant"
+    return "Not Relevant"

@@ -1,0 +1,168 @@
+"""One score that means something: relevance_score is a calibrated probability, descends in the returned
+order in every mode with and without a reranker, and labels and refinement derive from it (issue 12)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from research_agent import collections, ingest, query
+
+QUERIES = ("cache embeddings by content hash", "deploy the server behind a load balancer", "cache",
+           "eviction policy for a cache server", "how do I configure the port")
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _docs(folder: Path) -> None:
+    write(folder / "cache.md", "# Caching\n\nCache embeddings by content hash so a re-ingest skips unchanged files. "
+          "The cache is a dictionary keyed by hash.\n")
+    write(folder / "deploy.md", "# Deploying\n\nDeploy the cache server behind a load balancer. The server listens "
+          "on port 8080.\n\n## Rollback\n\nRoll back by redeploying the previous image.\n")
+    write(folder / "eviction.md", "# Eviction\n\nCache eviction: LRU evicts the least recently used entry; LFU the "
+          "least frequently used. Eviction policy matters for a cache server under load.\n")
+    write(folder / "ports.md", "# Ports\n\n| service | port |\n|---|---|\n| server | 8080 |\n| metrics | 9090 |\n\n"
+          "Configure the port in server.yaml.\n")
+    for i in range(6):
+        write(folder / f"note{i}.md", f"# Note {i}\n\nCache hash server port deploy note number {i}, "
+              "loosely about everything and nothing in particular.\n")
+
+
+@pytest.fixture
+def fake_kb(container, fake_embedder, tmp_path):
+    collections.create_collection(container, "docs")
+    _docs(tmp_path / "kb")
+    ingest.ingest_path(container, str(tmp_path / "kb"), "docs", recursive=True)
+    return container
+
+
+def _scores(res) -> list[float]:
+    return [h.relevance_score for h in res.results]
+
+
+@pytest.mark.parametrize("mode", query.QUERY_MODES)
+def test_scores_descend_without_reranker(fake_kb, mode):
+    for q in QUERIES:
+        res = query.query_knowledge(fake_kb, q, collections=["docs"], mode=mode, rerank=False, per_document_cap=0)
+        scores = _scores(res)
+        assert scores and scores == sorted(scores, reverse=True), (q, scores)
+        assert all(0.0 <= s <= 1.0 for s in scores)
+
+
+@pytest.mark.parametrize("mode", query.QUERY_MODES)
+def test_labels_and_refinement_derive_from_the_calibrated_score(fake_kb, mode):
+    from research_agent import calibration
+
+    s = fake_kb.settings
+    for q in QUERIES:
+        res = query.query_knowledge(fake_kb, q, collections=["docs"], mode=mode, rerank=False, per_document_cap=0)
+        scores = _scores(res)
+        assert [h.relevance_label for h in res.results] == [calibration.label(x, s) for x in scores]
+        assert res.query_refinement == query.refine(q, res.results, s)
+        nothing = scores[0] < s.threshold_somewhat_relevant
+        assert (res.query_refinement.status == "clarification_needed") == nothing
+
+
+@pytest.mark.parametrize("mode", query.QUERY_MODES)
+def test_scores_descend_with_a_reranker(fake_kb, tiny_cross_encoder, monkeypatch, mode):
+    monkeypatch.setattr(fake_kb.settings, "reranker_model", str(tiny_cross_encoder))
+    for q in QUERIES[:3]:
+        res = query.query_knowledge(fake_kb, q, collections=["docs"], mode=mode, per_document_cap=0)
+        assert res.reranked and not res.warnings
+        scores = _scores(res)
+        assert scores == sorted(scores, reverse=True), (q, scores)
+        assert all(0.0 <= s <= 1.0 for s in scores)
+        # Each score is the blend of the reranker's probability and the retrieval probability.
+        for h in res.results:
+            assert h.metadata["retrieval"]["rerank"] is not None
+
+
+def test_score_is_the_calibrated_probability_of_the_hit_evidence(fake_kb):
+    from research_agent import calibration
+
+    res = query.query_knowledge(fake_kb, "cache eviction policy", collections=["docs"], rerank=False,
+                                per_document_cap=0)
+    r = [h.metadata["retrieval"] for h in res.results]
+    expected = calibration.calibrated_scores("hybrid", [x["dense"] for x in r], [x["keyword"] for x in r],
+                                             [x["fused"] for x in r])
+    assert _scores(res) == pytest.approx(expected, abs=1e-3)
+
+
+def test_calibration_is_a_monotone_cheap_logistic_model():
+    from research_agent import calibration
+
+    params = calibration.parameters()
+    assert set(params["models"]) == set(query.QUERY_MODES)
+    for model in params["models"].values():
+        assert set(model["features"]) <= set(calibration.FEATURES)
+        assert len(model["coef"]) == len(model["features"])
+    # More evidence, higher probability; deeper rank, lower.
+    lo = calibration.calibrated_scores("hybrid", [0.2], [1.0], [0.1])[0]
+    hi = calibration.calibrated_scores("hybrid", [0.7], [20.0], [1.0])[0]
+    assert 0.0 < lo < hi < 1.0
+    assert calibration.descending([0.5, 0.6, 0.4, 0.45]) == [0.5, 0.5, 0.4, 0.4]
+
+
+def test_rerank_blend_is_position_aware_and_stays_in_scale():
+    from research_agent import calibration
+
+    assert calibration.blend_rerank(0.2, 0.9, 1) == pytest.approx(0.5 * 0.9 + 0.5 * 0.2)
+    assert calibration.blend_rerank(0.2, 0.9, 15) == pytest.approx(0.7 * 0.9 + 0.3 * 0.2)
+    assert 0.0 <= calibration.blend_rerank(0.0, 1.0, 4) <= 1.0
+
+
+def test_package_ships_the_parameters():
+    from research_agent import calibration
+
+    text = (Path(calibration.__file__).parent / "calibration.json").read_text()
+    assert "NFCorpus" in json.loads(text)["about"]
+    pyproject = (Path(calibration.__file__).parents[1] / "pyproject.toml").read_text()
+    assert "calibration.json" in pyproject
+
+
+# -- with the real model --------------------------------------------------------------------------------
+LICENCE = ("# Appendix C: Licence\n\nPermission is hereby granted, free of charge, to any person obtaining a copy "
+           "of this software and associated documentation files, to deal in the Software without restriction, "
+           "including without limitation the rights to use, copy, modify, merge, publish, distribute, sublicense, "
+           "and/or sell copies of the Software. THE SOFTWARE IS PROVIDED AS IS, WITHOUT WARRANTY OF ANY KIND.\n")
+
+
+@pytest.fixture
+def real_kb(container, tmp_path):
+    collections.create_collection(container, "docs")
+    folder = tmp_path / "kb"
+    write(folder / "licence.md", LICENCE)
+    write(folder / "soup.md", "# Tomato soup\n\nSimmer tomatoes with basil and garlic for twenty minutes, then "
+          "blend until smooth.\n")
+    write(folder / "birds.md", "# Garden birds\n\nRobins and blue tits visit feeders in winter; sunflower hearts "
+          "attract the most species.\n")
+    write(folder / "config.md", "# Configuration\n\nSettings are read from a YAML file at start-up.\n\n"
+          "| setting | default | meaning |\n|---|---|---|\n| port | 8080 | the HTTP port the server listens on |\n"
+          "| workers | 4 | request worker processes |\n| timeout | 30 | seconds before a request is cancelled |\n")
+    ingest.ingest_path(container, str(folder), "docs", recursive=True)
+    return container
+
+
+@pytest.mark.slow
+def test_off_topic_answer_is_nothing_relevant(real_kb):
+    for mode in query.QUERY_MODES:
+        res = query.query_knowledge(real_kb, "how do we deploy?", collections=["docs"], mode=mode, rerank=False)
+        assert res.results or mode == "keyword", mode  # no query term occurs: keyword finds nothing
+        assert res.query_refinement.status == "clarification_needed", (mode, _scores(res))
+        assert "Nothing relevant" in res.query_refinement.message
+        assert all(h.relevance_label == "Not Relevant" for h in res.results), (mode, _scores(res))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", query.QUERY_MODES)
+def test_filter_restricted_right_answer_is_not_called_irrelevant(real_kb, mode):
+    res = query.query_knowledge(real_kb, "which port does the server listen on", collections=["docs"],
+                                mode=mode, rerank=False, filters={"content_type": "table"})
+    assert len(res.results) == 1 and "8080" in res.results[0].content
+    assert res.results[0].relevance_label != "Not Relevant", (mode, res.results[0].metadata["retrieval"])
+    assert res.query_refinement.status != "clarification_needed", (mode, _scores(res))
