@@ -149,13 +149,7 @@ def parse_file(path: Path, *, max_bytes: int | None = None) -> ParsedDocument:
         raise DocumentError(
             f"{problem}: {path}", guidance="Check the path; it must be an existing file.", path=str(path)
         )
-    fmt = detect_format(path)
-    if fmt is None:
-        raise DocumentError(
-            f"Unsupported file type: {path.name}",
-            guidance="Supported extensions: " + ", ".join(sorted(SUPPORTED_EXTENSIONS)),
-            path=str(path),
-        )
+    _require_format(path)
     try:
         size = path.stat().st_size
         if max_bytes is not None and size > max_bytes:
@@ -176,6 +170,15 @@ def parse_bytes(raw: bytes, path: Path) -> ParsedDocument:
     """Parse a file's bytes already read, named by `path` (its extension picks the reader). Ingestion hashes
     and parses the same bytes, so the stored hash always describes the indexed text, for PDF and DOCX too."""
     path = Path(path)
+    fmt = _require_format(path)
+    if fmt == "pdf":
+        return _parse_pdf(path, _Limits(path.name, path), raw)
+    if fmt == "docx":
+        return _parse_docx(path, _Limits(path.name, path), raw)
+    return parse_text(_decode(raw, path), format=fmt, name=path.name)
+
+
+def _require_format(path: Path) -> str:
     fmt = detect_format(path)
     if fmt is None:
         raise DocumentError(
@@ -183,11 +186,7 @@ def parse_bytes(raw: bytes, path: Path) -> ParsedDocument:
             guidance="Supported extensions: " + ", ".join(sorted(SUPPORTED_EXTENSIONS)),
             path=str(path),
         )
-    if fmt == "pdf":
-        return _parse_pdf(path, _Limits(path.name, path), raw)
-    if fmt == "docx":
-        return _parse_docx(path, _Limits(path.name, path), raw)
-    return parse_text(_decode(raw, path), format=fmt, name=path.name)
+    return fmt
 
 
 def parse_text(text: str, *, format: str = "markdown", name: str = "") -> ParsedDocument:

@@ -9,7 +9,6 @@ real-model test runs the real `research-agent` CLI as the writer.
 from __future__ import annotations
 
 import collections
-import os
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_concurrency import FAKE_MODEL, ROOT, TESTS_DIR, cli_env, make_folder, open_store, run_cli
+from test_concurrency import FAKE_MODEL, TESTS_DIR, cli_env, make_folder, open_store
 
 # The writer process: the conftest fake embedder registered as a configured model is, then rounds of
 # change-a-file + ingest, remove a document, ingest again, and every other round a reindex. RA_EMBED_DELAY slows
