@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,18 @@ class Container:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._store: Any = None
+        self._store_lock = threading.Lock()
 
     @property
     def store(self):  # -> Store
+        # Locked: MCP tool calls run in worker threads, and two first calls each building a Store made two
+        # Chroma clients on one path at once (Chroma's process-wide system cache broke: -32000s under load).
         if self._store is None:
-            from research_agent.store import Store
+            with self._store_lock:
+                if self._store is None:
+                    from research_agent.store import Store
 
-            self._store = Store(self.settings)
+                    self._store = Store(self.settings)
         return self._store
 
     @property

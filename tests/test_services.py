@@ -228,3 +228,32 @@ def test_unreachable_server_is_a_retryable_config_error(monkeypatch):
     with pytest.raises(ConfigError) as exc:
         collections.list_collections(c)
     assert exc.value.data["retryable"] is True
+
+
+def test_concurrent_first_calls_share_one_store(monkeypatch):
+    """20 HTTP clients' first queries arrived together and each thread built its own Store, so two Chroma
+    clients were created on one path at once ("Could not connect to tenant", KeyError in Chroma's system
+    cache: -32000 for 2 of 20 clients in the HTTP load test)."""
+    import threading
+    import time
+
+    from research_agent import store as store_module
+    from research_agent.container import build_container
+
+    built = []
+    real_init = store_module.Store.__init__
+
+    def slow_init(self, settings):
+        built.append(self)
+        time.sleep(0.05)  # widen the window the way a loaded machine does
+        real_init(self, settings)
+
+    monkeypatch.setattr(store_module.Store, "__init__", slow_init)
+    c = build_container()
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(c.store)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(built) == 1 and len({id(s) for s in seen}) == 1
