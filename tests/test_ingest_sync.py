@@ -51,13 +51,19 @@ def test_research_is_not_a_note(container, fake_embedder):
         augment.update_note(container, "notes", r.document, "changed")
 
 
-def test_watch_picks_up_create_modify_delete(container, fake_embedder, tmp_path):
-    from research_agent.watch import watch_folder
-
+def _watched_folder(container) -> Path:
+    """A folder with one document and the collection `live` it is watched into."""
     folder = Path.cwd() / "watched"
     folder.mkdir()
     (folder / "a.md").write_text("# A\n\nalpha content\n")
     collections.create_collection(container, "live")
+    return folder
+
+
+def test_watch_picks_up_create_modify_delete(container, fake_embedder, tmp_path):
+    from research_agent.watch import watch_folder
+
+    folder = _watched_folder(container)
     stop = threading.Event()
     reports = []
     t = threading.Thread(target=watch_folder, args=(container, folder, "live"),
@@ -192,10 +198,7 @@ def test_watch_sees_changes_made_during_the_initial_sync(container, fake_embedde
     """The observer must be running before the first sync: a file written meanwhile was missed for good."""
     from research_agent.watch import watch_folder
 
-    folder = Path.cwd() / "watched"
-    folder.mkdir()
-    (folder / "a.md").write_text("# A\n\nalpha content\n")
-    collections.create_collection(container, "live")
+    folder = _watched_folder(container)
     stop = threading.Event()
     reports = []
 
