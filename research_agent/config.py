@@ -113,7 +113,7 @@ class Settings(BaseModel):
     # Discovery.
     max_retrieve_ids: int = Field(20, ge=1)
     max_dependency_depth: int = Field(5, ge=1)
-    discovery_boosts_file: Path | None = None   # merged over research_agent/task_boosts.yaml
+    discovery_boosts_file: Path | None = None   # merged over research_agent/discovery/task_boosts.yaml
     discovery_min_score: float = Field(0.5, ge=0.0)  # recommendations below are left out (the protocol's "skip")
     discovery_candidates: int = Field(40, ge=1)  # dense and keyword chunks per collection that nominate nodes
     discovery_collapse_max_tokens: int = Field(3000, ge=0)  # largest subtree "prefer the parent" recommends whole

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from research_agent import collections, discovery, ingest
+from research_agent.discovery import ranking
 from research_agent.errors import CollectionError, ConfigError, DocumentError, QueryError
 
 KNOWLEDGE = Path(__file__).parent / "fixtures" / "knowledge"
@@ -363,15 +364,15 @@ def test_collapse_rule_prefers_parent_only_for_close_children():
     ix = discovery.NodeIndex("k", nodes, list(nodes), None, None, {}, {"d.md": list(nodes)})
 
     def scored(scores):
-        return [discovery._Scored(nodes[k], ix, s, 0.5, 0.0, 0.0, [], [], []) for k, s in scores.items()]
+        return [ranking.Scored(nodes[k], ix, s, 0.5, 0.0, 0.0, [], [], []) for k, s in scores.items()]
 
-    kept = discovery._collapse(scored({"p": 0.3, "x": 0.95, "y": 0.9, "z": 0.2}), 0.5, 3000)
+    kept = ranking.collapse(scored({"p": 0.3, "x": 0.95, "y": 0.9, "z": 0.2}), 0.5, 3000)
     assert [(s.node.id, s.include_children, round(s.score, 2)) for s in kept] == [("p", True, 0.95)]
     # One clear winner: no collapse; the children stand alone.
-    kept = discovery._collapse(scored({"p": 0.3, "x": 0.95, "y": 0.72, "z": 0.2}), 0.5, 3000)
+    kept = ranking.collapse(scored({"p": 0.3, "x": 0.95, "y": 0.72, "z": 0.2}), 0.5, 3000)
     assert sorted(s.node.id for s in kept) == ["p", "x", "y", "z"] and not any(s.include_children for s in kept)
     # A parent too large to load whole is not collapsed into.
-    kept = discovery._collapse(scored({"p": 0.3, "x": 0.95, "y": 0.9, "z": 0.2}), 0.5, 250)
+    kept = ranking.collapse(scored({"p": 0.3, "x": 0.95, "y": 0.9, "z": 0.2}), 0.5, 250)
     assert not any(s.include_children for s in kept)
 
 
