@@ -34,7 +34,7 @@ def log(*a) -> None:
 
 def open_set(name: str, data_root: Path):
     """(container, data folder) with the set's corpus ingested into its cached store."""
-    from research_agent import collections
+    from research_agent.catalog import collections
     from research_agent.container import build_container
     from research_agent.evaluation import ingest_beir_corpus
 

@@ -95,7 +95,8 @@ def main() -> None:
 
 
 def run(work: Path, args: argparse.Namespace) -> dict:
-    from research_agent import collections, discovery, ingest
+    from research_agent import discovery, ingest
+    from research_agent.catalog import collections
     from research_agent.container import build_container
 
     made = make_knowledge(work / "knowledge", args.nodes)

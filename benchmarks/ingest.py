@@ -44,7 +44,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from research_agent import collections, ingest
+    from research_agent import ingest
+    from research_agent.catalog import collections
     from research_agent.container import build_container
 
     work = Path(tempfile.mkdtemp(prefix="ra-bench-ingest-"))

@@ -99,13 +99,13 @@ def main() -> int:
     args = ap.parse_args()
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
-    from research_agent import collections
-    from research_agent.chunking import chunk_document
-    from research_agent.collections import open_collection
+    from research_agent.catalog import collections
+    from research_agent.ingest.chunking import chunk_document
+    from research_agent.catalog.collections import open_collection
     from research_agent.container import build_container
     from research_agent.ingest import PreparedDocument, content_hash, write_documents
     from research_agent.keyword import KeywordIndex, active_chunks
-    from research_agent.parsing import ParsedDocument
+    from research_agent.ingest.parsing import ParsedDocument
     from research_agent.query import query_knowledge
 
     store = ROOT / "benchmarks" / ".cache" / "latency" / str(args.chunks)

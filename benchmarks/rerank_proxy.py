@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
-from research_agent.chunking import estimate_tokens  # noqa: E402
+from research_agent.ingest.chunking import estimate_tokens  # noqa: E402
 from research_agent.container import build_container  # noqa: E402
 from research_agent.evaluation import ndcg_at_k, read_qrels, read_queries  # noqa: E402
 from research_agent.query import query_knowledge, rerank_passage  # noqa: E402

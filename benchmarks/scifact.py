@@ -45,7 +45,7 @@ def main() -> int:
               "or pass the folder as the first argument.")
         return 0
 
-    from research_agent import collections
+    from research_agent.catalog import collections
     from research_agent.container import build_container
     from research_agent.evaluation import evaluate, ingest_beir_corpus
 

@@ -69,7 +69,7 @@ def _count_with(tokenizer: Any, texts: list[str]) -> list[int]:
 
 def token_counter(embedder: Any) -> Callable[[list[str]], list[int]]:
     """The embedder's own token counter, or the chunker's estimate for a backend without a tokenizer."""
-    from research_agent.chunking import estimate_counts
+    from research_agent.ingest.chunking import estimate_counts
 
     return getattr(embedder, "count_tokens", None) or estimate_counts
 

@@ -149,8 +149,8 @@ def ingest_beir_corpus(c, collection: str, corpus_jsonl: str | Path, limit: int 
     are code, chunked by the code chunker, titled by the `_id` as a file by its stem); default plain text.
     Entries whose content is already stored are skipped, so a re-run resumes. Returns chunks written.
     """
-    from research_agent.chunking import chunk_document
-    from research_agent.collections import open_collection
+    from research_agent.ingest.chunking import chunk_document
+    from research_agent.catalog.collections import open_collection
     from research_agent.embeddings import chunk_limits
     from research_agent.ingest import PreparedDocument, content_hash, write_documents
 
@@ -180,7 +180,7 @@ def ingest_beir_corpus(c, collection: str, corpus_jsonl: str | Path, limit: int 
 
 
 def _parse_entry(text: str, title: str, suffix: str | None) -> Any:
-    from research_agent.parsing import ParsedDocument, detect_format, parse_text
+    from research_agent.ingest.parsing import ParsedDocument, detect_format, parse_text
 
     fmt = detect_format(Path(f"x{suffix}")) if suffix else None
     if fmt is None:

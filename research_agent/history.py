@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any
 
-from research_agent.collections import now_iso
+from research_agent.catalog.collections import now_iso
 
 RECORD = "history"
 #: Oldest entries beyond this many are dropped on the next write.

@@ -86,7 +86,7 @@ def index_text(chunk: Chunk, weights: tuple[int, int]) -> str:
     Title, header path and keywords are capped here too (chunks stored before the caps hold them whole): a
     long title repeated in every chunk's index text made keyword queries take 38 s and 2 GB.
     """
-    from research_agent.chunking import TITLE_MAX_CHARS, cap_header_path, cap_list, cap_text
+    from research_agent.ingest.chunking import TITLE_MAX_CHARS, cap_header_path, cap_list, cap_text
 
     meta = chunk.metadata
     title = f"{cap_text(str(meta.get('document_title') or ''), TITLE_MAX_CHARS)} " \

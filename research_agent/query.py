@@ -16,7 +16,7 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from research_agent import calibration
-from research_agent.collections import open_collection
+from research_agent.catalog.collections import open_collection
 from research_agent.errors import CollectionError, QueryError
 
 QUERY_MODES = ("hybrid", "semantic", "keyword")
@@ -86,7 +86,7 @@ def resolve_collections(c, collections: list[str] | None, project: str | None) -
         c.store.require_collections(names)
         return names
     if project:
-        from research_agent.projects import require_project
+        from research_agent.catalog.projects import require_project
 
         rec = require_project(c, project)
         if not rec["default_collections"]:
@@ -385,7 +385,7 @@ def snippet(text: str, query: str, max_tokens: int = 60, marks: bool = True) -> 
     Ties go to the earlier window; a cut is marked with an ellipsis unless `marks` is False. Text within the
     budget is returned whole.
     """
-    from research_agent.chunking import estimate_tokens
+    from research_agent.ingest.chunking import estimate_tokens
     from research_agent.keyword import _stemmer, words
 
     if estimate_tokens(text) <= max_tokens:
@@ -545,7 +545,7 @@ def calibrated_order(c, query: str, pool: list[Candidate], mode: str, use_rerank
 def _hits(c, query: str, pool: list[Candidate], scores: list[float], *, snippets: bool,
           max_tokens: int | None) -> tuple[list[QueryHit], int, bool]:
     """QueryHits for the pool in order, within the token budget: (hits, tokens used, cut by the budget)."""
-    from research_agent.chunking import estimate_tokens
+    from research_agent.ingest.chunking import estimate_tokens
 
     s = c.settings
     hits: list[QueryHit] = []

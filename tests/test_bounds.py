@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import collections, ingest, query
-from research_agent.chunking import (HEADER_PATH_MAX_CHARS, LIST_ITEM_MAX_CHARS, MAX_CHUNK_BYTES, MAX_LIST_ITEMS,
+from research_agent import ingest, query
+from research_agent.catalog import collections
+from research_agent.ingest.chunking import (HEADER_PATH_MAX_CHARS, LIST_ITEM_MAX_CHARS, MAX_CHUNK_BYTES, MAX_LIST_ITEMS,
                                      TITLE_MAX_CHARS, chunk_document, estimate_tokens)
 from research_agent.errors import QueryError
-from research_agent.parsing import ParsedDocument, parse_text
+from research_agent.ingest.parsing import ParsedDocument, parse_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -287,7 +288,7 @@ def test_a_bad_filter_is_a_32004_error_on_the_wire(tmp_path):
 def test_ingested_chunks_fit_the_model_end_to_end(container):
     """Through `kb add-document` and `kb add-research` on the real model: every stored chunk, with the title
     line it is embedded with, fits the model's 256 word pieces."""
-    from research_agent import augment
+    from research_agent.catalog import notes as augment
 
     collections.create_collection(container, "fit-check")
     prose = " ".join(f"Claim {i} states that the measured effect of treatment on outcome was significant."

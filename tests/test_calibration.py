@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import collections, ingest, query
+from research_agent import ingest, query
+from research_agent.catalog import collections
 
 QUERIES = ("cache embeddings by content hash", "deploy the server behind a load balancer", "cache",
            "eviction policy for a cache server", "how do I configure the port")

@@ -1,4 +1,4 @@
-"""Tests for research_agent.chunking: header paths, whole code blocks and tables, hybrid nodes."""
+"""Tests for research_agent.ingest.chunking: header paths, whole code blocks and tables, hybrid nodes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from research_agent.chunking import Chunk, chunk_document, embedding_context, estimate_tokens, slugify
-from research_agent.parsing import ParsedDocument, parse_file, parse_text
+from research_agent.ingest.chunking import Chunk, chunk_document, embedding_context, estimate_tokens, slugify
+from research_agent.ingest.parsing import ParsedDocument, parse_file, parse_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "docs"
 

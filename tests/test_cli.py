@@ -296,7 +296,7 @@ def test_human_error_goes_to_stderr_with_guidance():
 
 
 def test_unexpected_error_is_sanitized_exit_1(monkeypatch):
-    import research_agent.collections as service
+    import research_agent.catalog.collections as service
 
     def boom(*args, **kwargs):
         raise RuntimeError("secret internal detail")
@@ -311,7 +311,7 @@ def test_unexpected_error_is_sanitized_exit_1(monkeypatch):
 
 
 def test_keyboard_interrupt_exits_130_quietly(monkeypatch):
-    import research_agent.collections as service
+    import research_agent.catalog.collections as service
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -34,13 +34,13 @@ from research_agent import embeddings
 
 embeddings._cache[("sentence-transformers", "test-fake-embedder", "cpu")] = FakeEmbedder()
 
-# Crash tests: RA_TEST_KILL_AT="<function of research_agent.ingest>:<n>[+]" SIGKILLs this process at the
+# Crash tests: RA_TEST_KILL_AT="<function of research_agent.ingest.service>:<n>[+]" SIGKILLs this process at the
 # n-th call of that write step (after it returns with "+"); "prune" kills the prune's chunk deletion. A dotted
 # name reaches other modules' write steps: "store.Store.rename_collection:1+", "projects.drop_collection_links:1".
 import importlib, os, signal
 kill_at = os.environ.get("RA_TEST_KILL_AT")
 if kill_at:
-    from research_agent import ingest
+    from research_agent.ingest import service as ingest  # the module whose globals the write path reads
 
     owner = ingest
 
@@ -128,9 +128,9 @@ def run_cli(tmp: Path, *args: str, fake: bool, env: dict[str, str], timeout: flo
 
 def expected_chunk_ids(collection: str, folder: Path, chunk_max_tokens: int = 350) -> set[str]:
     """The chunk ids a single uninterrupted run produces, computed with the library's own parser and chunker."""
-    from research_agent.chunking import chunk_document
+    from research_agent.ingest.chunking import chunk_document
     from research_agent.ingest import chunk_ids, content_hash, source_name
-    from research_agent.parsing import parse_file
+    from research_agent.ingest.parsing import parse_file
 
     ids: set[str] = set()
     for path in sorted(folder.rglob("*.md")):
@@ -246,7 +246,7 @@ def test_two_cli_writers_real_model_one_store_exact_counts_and_mcp_reader_sees_w
         assert len(snap["manifests"]) == 80 and not snap["intent"]
         assert {len(e) for e in snap["embeddings"].values()} == {384}
         assert_self_recall(c, "shared", snap)
-        from research_agent.doctor import run_doctor
+        from research_agent.ops.doctor import run_doctor
 
         assert run_doctor(c).healthy
     finally:
@@ -371,7 +371,7 @@ def test_four_concurrent_writers_through_chroma_server_counts_exact(tmp_path, ch
                                          f"extra {len(snap['ids'] - expected)}")
         assert snap["manifest_chunks"] == len(expected) == 1200 and len(snap["manifests"]) == 400
         assert_self_recall(c, name, snap)
-        from research_agent.doctor import run_doctor
+        from research_agent.ops.doctor import run_doctor
 
         report = run_doctor(c)
         assert [ch for ch in report.collections if ch.collection == name][0].orphan_chunks == 0

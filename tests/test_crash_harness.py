@@ -196,7 +196,7 @@ POINTS = [pytest.param(name, point, id=f"{name}@{point}") for name, sc in SCENAR
 
 def store_state(store: Path, collections: tuple[str, ...]) -> dict[str, Any]:
     """What a user can observe of the store, read without triggering any recovery."""
-    from research_agent.doctor import run_doctor
+    from research_agent.ops.doctor import run_doctor
     from research_agent.query import query_knowledge
 
     c = open_store(store, embedding_model=FAKE_MODEL)

@@ -172,7 +172,7 @@ def test_kill_9_mid_ingest_then_rerun_equals_one_uninterrupted_run(tmp_path, tmp
         assert got["texts"] == reference["texts"]
         assert not snap["intent"], "an interrupted-write intent was left behind"
 
-        from research_agent.doctor import run_doctor
+        from research_agent.ops.doctor import run_doctor
         from research_agent.query import query_knowledge
 
         report = run_doctor(c)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from research_agent import collections, discovery, ingest
+from research_agent import discovery, ingest
+from research_agent.catalog import collections
 from research_agent.discovery import ranking
 from research_agent.errors import CollectionError, ConfigError, DocumentError, QueryError
 
@@ -397,7 +398,7 @@ def test_empty_store_and_empty_collection(container, fake_embedder):
 
 
 def test_search_knowledge_scope_is_collections_or_a_project(small):
-    from research_agent import projects
+    from research_agent.catalog import projects
 
     projects.create_project(small, "farm")
     projects.set_default_collections(small, "farm", ["orchard"])

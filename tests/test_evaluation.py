@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from research_agent import collections, evaluation
+from research_agent import evaluation
+from research_agent.catalog import collections
 from research_agent.errors import DocumentError, QueryError
 
 CORPUS = [

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import collections, ingest, query
+from research_agent import ingest, query
+from research_agent.catalog import collections
 from research_agent.errors import DocumentError
 
 EXE = str(Path(sys.executable).parent / "research-agent")
@@ -142,7 +143,7 @@ def test_cli_add_document_dev_zero_exits_5_quickly():
 
 def test_any_failure_of_one_file_is_a_per_file_problem(container, fake_embedder, monkeypatch):
     """A parser blowing up (RecursionError from deep HTML, say) fails that file, not the folder."""
-    from research_agent import chunking
+    from research_agent.ingest import chunking
 
     folder = Path.cwd() / "mixed"
     write(folder / "ok.md", "# Ok\n\nfine\n")
@@ -202,7 +203,7 @@ def test_prune_keeps_files_outside_this_runs_selection(container, fake_embedder)
 
 def test_prune_keeps_a_file_that_exists_but_was_not_seen(container, fake_embedder, monkeypatch):
     """A file that the walk missed (here: the walk is made to miss it) but lstat still finds is kept."""
-    from research_agent import folder as walk
+    from research_agent.ingest import folder as walk
 
     folder = Path.cwd() / "kb"
     write(folder / "a.md", "# A\n\nalpha\n")
@@ -306,7 +307,7 @@ def test_same_named_folders_get_distinct_stable_keys(container, fake_embedder):
 
 # -- watch ----------------------------------------------------------------------------------------------------------
 def test_watch_starts_and_keeps_going_on_a_hostile_folder(container, fake_embedder):
-    from research_agent.watch import watch_folder
+    from research_agent.ingest.watch import watch_folder
 
     folder = hostile_folder(Path.cwd() / "watched")
     collections.create_collection(container, "live")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import augment, collections, ingest, query
+from research_agent import ingest, query
+from research_agent.catalog import collections, notes as augment
 from research_agent.errors import DocumentError
 
 
@@ -61,7 +62,7 @@ def _watched_folder(container) -> Path:
 
 
 def test_watch_picks_up_create_modify_delete(container, fake_embedder, tmp_path):
-    from research_agent.watch import watch_folder
+    from research_agent.ingest.watch import watch_folder
 
     folder = _watched_folder(container)
     stop = threading.Event()
@@ -196,7 +197,7 @@ def test_ci_job_command_line_against_chroma_server(chroma_server, tmp_path):
 
 def test_watch_sees_changes_made_during_the_initial_sync(container, fake_embedder):
     """The observer must be running before the first sync: a file written meanwhile was missed for good."""
-    from research_agent.watch import watch_folder
+    from research_agent.ingest.watch import watch_folder
 
     folder = _watched_folder(container)
     stop = threading.Event()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import augment, collections, ingest, query
+from research_agent import ingest, query
+from research_agent.catalog import collections, notes as augment
 from research_agent.keyword import Chunk, KeywordIndex, edits1
 
 FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor"
@@ -111,7 +112,8 @@ def test_index_sees_a_write_by_another_process(container, fake_embedder, tmp_pat
     script = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "from conftest import FakeEmbedder, FAKE_EMBEDDER\n"
-        "from research_agent import embeddings, augment\n"
+        "from research_agent import embeddings\n"
+        "from research_agent.catalog import notes as augment\n"
         "embeddings._cache[('sentence-transformers', FAKE_EMBEDDER, 'cpu')] = FakeEmbedder()\n"
         "from research_agent.container import build_container\n"
         "augment.add_research(build_container(), 'docs', 'Narwhals have one long tusk.', 'src-3', title='Narwhal')\n"

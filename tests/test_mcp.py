@@ -263,7 +263,7 @@ async def test_unknown_tool_and_bad_arguments_are_invalid_params_that_say_what_t
 
 
 async def test_unexpected_exception_is_sanitized_32000(fake_embedder, monkeypatch, capsys):
-    from research_agent import status
+    from research_agent.ops import status
 
     def explode(c, check_reranker=False):
         raise RuntimeError("secret detail /home/someone/.ssh")
@@ -284,7 +284,7 @@ async def test_tools_run_off_the_event_loop(fake_embedder, monkeypatch):
 
     import anyio
 
-    from research_agent import status
+    from research_agent.ops import status
 
     real = status.get_status
 
@@ -417,7 +417,7 @@ async def test_status_reports_models_store_counts_limits_and_running_jobs(fake_e
 async def test_read_calls_past_the_timeout_get_a_coded_error(fake_embedder, monkeypatch):
     import time
 
-    from research_agent import status
+    from research_agent.ops import status
 
     monkeypatch.setenv("RESEARCH_AGENT_CALL_TIMEOUT", "0.5")
     monkeypatch.setattr(status, "get_status", lambda c, check_reranker=False: time.sleep(3))
@@ -432,7 +432,7 @@ async def test_at_most_max_concurrent_calls_run_at_once(fake_embedder, monkeypat
     import threading
     import time
 
-    from research_agent import status
+    from research_agent.ops import status
 
     monkeypatch.setenv("RESEARCH_AGENT_MAX_CONCURRENT_CALLS", "2")
     lock, running, peak = threading.Lock(), [0], [0]
@@ -524,7 +524,9 @@ def test_warmup_and_a_first_call_load_the_model_once(monkeypatch):
     monkeypatch.setitem(embeddings._BACKENDS, "sentence-transformers", SlowModel)
     monkeypatch.setenv("RESEARCH_AGENT_RERANK", "false")
     container = build_container()
-    warmup = mcp_server.Warmup(container, enabled=True)
+    from research_agent.mcp.lifespan import Warmup
+
+    warmup = Warmup(container, enabled=True)
     warmup.start()
     got: list[object] = []
     caller = threading.Thread(target=lambda: got.append(container.embedder))

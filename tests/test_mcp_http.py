@@ -178,7 +178,7 @@ def test_unsafe_http_settings_refuse_to_start_with_a_config_error(tmp_path, sett
 
 
 def test_loopback_detection():
-    from research_agent.server_auth import is_loopback
+    from research_agent.mcp.auth import is_loopback
 
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.com"))

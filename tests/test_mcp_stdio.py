@@ -180,7 +180,7 @@ def test_importing_the_server_loads_no_heavy_libraries(tmp_path):
 @pytest.mark.parametrize("asked, negotiated", [("2024-11-05", "2024-11-05"), ("2025-11-25", "2025-11-25"),
                                                 ("1999-01-01", "2025-11-25")])
 def test_early_initialize_answer_is_the_sdks_own_and_sent_once(tmp_path, asked, negotiated):
-    """The initialize answer comes from research_agent/mcp_stdio.py before FastMCP is imported; the SDK then
+    """The initialize answer comes from research_agent/mcp/stdio.py before FastMCP is imported; the SDK then
     answers the replayed request too, its answer is compared (a difference is logged) and dropped."""
     s = _McpStdioSession(tmp_path, {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"})
     init = s.request(1, "initialize", {"protocolVersion": asked, "capabilities": {"roots": {"listChanged": True}},
@@ -210,7 +210,7 @@ def test_requests_the_early_answer_does_not_handle_reach_the_sdk(tmp_path):
 
 
 def test_the_early_handshake_module_imports_only_the_standard_library(tmp_path):
-    code = ("import sys; import research_agent.mcp_stdio; "
+    code = ("import sys; import research_agent.mcp.stdio; "
             "print(sorted(m for m in ('pydantic', 'mcp', 'mcp_types', 'fastmcp', 'anyio', 'typer') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_mcp_env(tmp_path), capture_output=True,
                           text=True, timeout=60)

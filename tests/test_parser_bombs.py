@@ -20,9 +20,9 @@ import pytest
 
 from conftest import pdf_bytes
 
-from research_agent import parsing
+from research_agent.ingest import parsing
 from research_agent.errors import DocumentError
-from research_agent.parsing import parse_file, parse_text
+from research_agent.ingest.parsing import parse_file, parse_text
 
 #: Generous bounds that catch a blow-up, not timing goals: the old code used gigabytes and minutes.
 EXTRA_RSS_MB_BOUND = 400
@@ -36,7 +36,7 @@ _CHILD = textwrap.dedent(
     import json, resource, sys, time
     resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
     from research_agent.errors import DocumentError
-    from research_agent import parsing
+    from research_agent.ingest import parsing
     import pypdf, docx, bs4, lxml.etree, yaml  # imported before the baseline is taken
     for name, value in json.loads(sys.argv[2]).items():  # limits a test lowers, e.g. PARSE_SECONDS
         setattr(parsing, name, value)

@@ -1,4 +1,4 @@
-"""Tests for research_agent.parsing: formats, front matter, binary and broken files."""
+"""Tests for research_agent.ingest.parsing: formats, front matter, binary and broken files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from conftest import pdf_bytes
 from research_agent.errors import DocumentError
-from research_agent.parsing import SUPPORTED_EXTENSIONS, ParsedDocument, detect_format, parse_file, parse_text
+from research_agent.ingest.parsing import SUPPORTED_EXTENSIONS, ParsedDocument, detect_format, parse_file, parse_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "docs"
 

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import augment, collections, folder, ingest, query
+from research_agent import ingest, query
+from research_agent.catalog import collections, notes as augment
+from research_agent.ingest import folder
 from research_agent.errors import DocumentError
 
 EXE = str(Path(sys.executable).parent / "research-agent")
@@ -158,7 +160,7 @@ def test_add_folder_prune_of_a_vanished_folder_points_at_kb_prune(container, fak
 
 
 def test_doctor_reports_documents_whose_files_are_gone_without_removing_them(container, fake_embedder):
-    from research_agent.doctor import run_doctor
+    from research_agent.ops.doctor import run_doctor
 
     docs = project(Path.cwd() / "proj")
     collections.create_collection(container, "kbase")

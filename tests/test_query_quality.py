@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import augment, collections, ingest, query
+from research_agent import ingest, query
+from research_agent.catalog import collections, notes as augment
 from research_agent.errors import CollectionError, QueryError
 from research_agent.query import Candidate, QueryHit, fuse_convex, fuse_rrf, refine, snippet
 
@@ -112,7 +113,7 @@ def test_bad_filters_are_query_errors_with_guidance(kb):
 
 # -- bad input ------------------------------------------------------------------------------------
 def test_bad_input(kb):
-    from research_agent import projects
+    from research_agent.catalog import projects
 
     for bad in ("", "  \n\t ", "x" * (kb.settings.max_query_chars + 1), None):
         with pytest.raises(QueryError) as exc:
@@ -170,7 +171,7 @@ def test_snippet_window_holds_the_query_terms():
     text = " ".join(words)
     out = snippet(text, "zebra migrations", 60)
     assert "zebra migration" in out and out.startswith("… ") and out.endswith(" …")
-    from research_agent.chunking import estimate_tokens
+    from research_agent.ingest.chunking import estimate_tokens
 
     assert estimate_tokens(out) <= 60 + 4
     assert snippet("short text", "zebra", 60) == "short text"
@@ -336,7 +337,7 @@ def test_rerank_candidate_count_is_configurable(kb, tiny_cross_encoder, monkeypa
 
 
 def test_reranker_reads_the_query_centred_window_of_each_candidate(kb, tiny_cross_encoder, monkeypatch):
-    from research_agent.chunking import estimate_tokens
+    from research_agent.ingest.chunking import estimate_tokens
     from research_agent.rerank import get_reranker
 
     monkeypatch.setattr(kb.settings, "reranker_model", str(tiny_cross_encoder))

@@ -75,7 +75,7 @@ def start_writer(tmp: Path, folder: Path, rounds: int, *, only_reindex: bool = F
 
 def seed_store(tmp: Path, files: int = 6):
     """A collection `live` holding a folder of `files` documents, and a Container on it (this process's reader)."""
-    from research_agent.collections import create_collection
+    from research_agent.catalog.collections import create_collection
     from research_agent.ingest import ingest_path
 
     folder = make_folder(tmp / "docs", files, seed=3)
@@ -183,7 +183,7 @@ def test_reader_is_not_held_up_by_a_whole_reindex_in_another_process(tmp_path, f
 @pytest.mark.slow
 def test_real_cli_writer_and_real_model_reader_no_failed_query(tmp_path):
     """The issue's setting with real parts: the real CLI (real packaged model) writes, a real-model reader queries."""
-    from research_agent.collections import create_collection
+    from research_agent.catalog.collections import create_collection
     from research_agent.ingest import ingest_path
 
     store = tmp_path / "store"

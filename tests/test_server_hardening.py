@@ -426,7 +426,7 @@ def test_a_deeply_nested_line_gets_an_error_reply_and_the_server_keeps_serving(t
 
 
 def test_a_deeply_nested_first_line_is_answered_without_a_traceback(tmp_path):
-    """The first line is read by the early-handshake thread before the SDK runs (research_agent/mcp_stdio.py)."""
+    """The first line is read by the early-handshake thread before the SDK runs (research_agent/mcp/stdio.py)."""
     s = _McpStdioSession(tmp_path, {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"})
     try:
         s.proc.stdin.write(('{"jsonrpc":"2.0","id":1,"method":"initialize","params":' + "[" * 5000 + "]" * 5000

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from research_agent import augment, collections, ingest, projects, query, status
+from research_agent import ingest, query
+from research_agent.catalog import collections, notes as augment, projects
+from research_agent.ops import status
 from research_agent.errors import CollectionError, ConfigError, DocumentError, QueryError
 
 

@@ -71,7 +71,7 @@ def _leave_reindex_between_renames(tmp_path: Path, *, with_tmp: bool = True) -> 
 # -- item 4: reindex racing add-folder ---------------------------------------------------------------------
 def test_reindex_reads_manifests_under_the_lock_so_a_racing_ingest_loses_nothing(tmp_path, fake_embedder):
     """A batch committed by another process while reindex loads its model is copied, not dropped forever."""
-    from research_agent.doctor import run_doctor
+    from research_agent.ops.doctor import run_doctor
     from research_agent.ingest import reindex_collection
     from research_agent.query import query_knowledge
 

@@ -20,7 +20,7 @@ def create(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", h
            project: Optional[str] = typer.Option(None, "--project", help="Link the new collection to this project."),
            description: str = typer.Option("", "--description", help="What the collection holds.")) -> None:
     """Create a collection."""
-    from research_agent.collections import create_collection
+    from research_agent.catalog.collections import create_collection
 
     state = get_state(ctx)
     info = create_collection(state.container(), name, type=type, description=description, project=project)
@@ -32,7 +32,7 @@ def list_(ctx: typer.Context,
           type: Optional[CollectionType] = typer.Option(None, "--type", help="Only collections of this type."),
           project: Optional[str] = typer.Option(None, "--project", help="Only collections linked to this project.")) -> None:
     """List collections."""
-    from research_agent.collections import list_collections
+    from research_agent.catalog.collections import list_collections
 
     state = get_state(ctx)
     render.emit(state, state.read(list_collections, type=type, project=project), render.collection_list)
@@ -41,7 +41,7 @@ def list_(ctx: typer.Context,
 @app.command("info")
 def info(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Collection name.")) -> None:
     """Show a collection's settings and counts."""
-    from research_agent.collections import get_collection_info
+    from research_agent.catalog.collections import get_collection_info
 
     state = get_state(ctx)
     render.emit(state, state.read(get_collection_info, name), render.collection_info)
@@ -51,7 +51,7 @@ def info(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", hel
 def delete(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Collection name."),
            yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.")) -> None:
     """Delete a collection and all its documents."""
-    from research_agent.collections import delete_collection
+    from research_agent.catalog.collections import delete_collection
 
     state = get_state(ctx)
     render.confirm(state, f"Delete collection {name!r} and all its documents?", yes)

@@ -87,7 +87,7 @@ def add_research(ctx: typer.Context,
                  content: Optional[str] = CONTENT,
                  file: Optional[Path] = CONTENT_FILE) -> None:
     """Store research findings (Markdown) with their source."""
-    from research_agent.augment import add_research as add
+    from research_agent.catalog.notes import add_research as add
 
     state = get_state(ctx)
     text = _research_text(content, file, stdin)
@@ -152,7 +152,7 @@ def add_note(ctx: typer.Context,
              content: Optional[str] = CONTENT,
              file: Optional[Path] = CONTENT_FILE) -> None:
     """Add a note; `kb update-note` replaces it in place later."""
-    from research_agent.augment import add_note as add
+    from research_agent.catalog.notes import add_note as add
 
     state = get_state(ctx)
     text = _research_text(content, file, stdin)
@@ -168,7 +168,7 @@ def update_note(ctx: typer.Context,
                 content: Optional[str] = CONTENT,
                 file: Optional[Path] = CONTENT_FILE) -> None:
     """Replace a note's content in place."""
-    from research_agent.augment import update_note as update
+    from research_agent.catalog.notes import update_note as update
 
     state = get_state(ctx)
     text = _research_text(content, file, stdin)
@@ -197,7 +197,7 @@ def watch(ctx: typer.Context, path: Path = typer.Argument(..., metavar="PATH", h
     import signal
     import threading
 
-    from research_agent.watch import watch_folder
+    from research_agent.ingest.watch import watch_folder
 
     if not path.is_dir():
         raise typer.BadParameter(f"{path} is not a folder", param_hint="'PATH'")

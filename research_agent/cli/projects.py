@@ -21,7 +21,7 @@ def _collections(help: str) -> typer.models.OptionInfo:
 def create(ctx: typer.Context, name: str = NAME,
            description: str = typer.Option("", "--description", help="What the project is.")) -> None:
     """Create a project."""
-    from research_agent.projects import create_project
+    from research_agent.catalog.projects import create_project
 
     state = get_state(ctx)
     render.emit(state, create_project(state.container(), name, description=description), render.project_info)
@@ -30,7 +30,7 @@ def create(ctx: typer.Context, name: str = NAME,
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
     """List projects."""
-    from research_agent.projects import list_projects
+    from research_agent.catalog.projects import list_projects
 
     state = get_state(ctx)
     render.emit(state, state.read(list_projects), render.project_list)
@@ -39,7 +39,7 @@ def list_(ctx: typer.Context) -> None:
 @app.command("info")
 def info(ctx: typer.Context, name: str = NAME) -> None:
     """Show a project's collections and defaults."""
-    from research_agent.projects import get_project_info
+    from research_agent.catalog.projects import get_project_info
 
     state = get_state(ctx)
     render.emit(state, state.read(get_project_info, name), render.project_info)
@@ -49,7 +49,7 @@ def info(ctx: typer.Context, name: str = NAME) -> None:
 def delete(ctx: typer.Context, name: str = NAME,
            yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.")) -> None:
     """Delete a project (its collections stay)."""
-    from research_agent.projects import delete_project
+    from research_agent.catalog.projects import delete_project
 
     state = get_state(ctx)
     render.confirm(state, f"Delete project {name!r}? Its collections are kept.", yes)
@@ -60,7 +60,7 @@ def delete(ctx: typer.Context, name: str = NAME,
 def link(ctx: typer.Context, name: str = NAME,
          collections: str = _collections("Comma-separated collections to link.")) -> None:
     """Link collections to a project."""
-    from research_agent.projects import link_collections
+    from research_agent.catalog.projects import link_collections
 
     state = get_state(ctx)
     render.emit(state, link_collections(state.container(), name, split_names(collections)), render.project_info)
@@ -70,7 +70,7 @@ def link(ctx: typer.Context, name: str = NAME,
 def unlink(ctx: typer.Context, name: str = NAME,
            collections: str = _collections("Comma-separated collections to unlink.")) -> None:
     """Unlink collections from a project."""
-    from research_agent.projects import unlink_collections
+    from research_agent.catalog.projects import unlink_collections
 
     state = get_state(ctx)
     render.emit(state, unlink_collections(state.container(), name, split_names(collections)), render.project_info)
@@ -80,7 +80,7 @@ def unlink(ctx: typer.Context, name: str = NAME,
 def set_defaults(ctx: typer.Context, name: str = NAME,
                  collections: str = _collections("Comma-separated collections a query with --project searches.")) -> None:
     """Set the collections a query with --project searches."""
-    from research_agent.projects import set_default_collections
+    from research_agent.catalog.projects import set_default_collections
 
     state = get_state(ctx)
     render.emit(state, set_default_collections(state.container(), name, split_names(collections)),

@@ -15,7 +15,7 @@ def serve(ctx: typer.Context,
           host: Optional[str] = typer.Option(None, "--host", help="HTTP bind address (default from settings: 127.0.0.1)."),
           port: Optional[int] = typer.Option(None, "--port", help="HTTP port (default from settings: 8765).")) -> None:
     """Run the MCP server (stdio by default)."""
-    from research_agent.mcp_stdio import drop_working_directory_from_path, start_early
+    from research_agent.mcp.stdio import drop_working_directory_from_path, start_early
 
     start_early(transport)  # answers `initialize` while the server imports
     drop_working_directory_from_path()  # never a workspace's own mcp_server.py

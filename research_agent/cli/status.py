@@ -12,7 +12,7 @@ def status(ctx: typer.Context,
            check_reranker: bool = typer.Option(False, "--check-reranker",
                                                help="Load the reranker to report whether it works (slow).")) -> None:
     """Show the store, the models and what the knowledge base holds."""
-    from research_agent.status import get_status
+    from research_agent.ops.status import get_status
 
     state = get_state(ctx)
     render.emit(state, state.read(get_status, check_reranker=check_reranker), render.status_report)

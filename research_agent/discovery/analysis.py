@@ -86,7 +86,7 @@ def parse_date(value: str | None) -> date | None:
 
 def count_tokens(text: str) -> int:
     """Estimated tokens, the chunker's estimate, so retrieve_knowledge and discovery agree."""
-    from research_agent.chunking import estimate_tokens
+    from research_agent.ingest.chunking import estimate_tokens
 
     return estimate_tokens(text)
 

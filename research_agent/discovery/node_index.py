@@ -242,7 +242,7 @@ def ancestors(nodes: dict[str, Node], node: Node) -> list[Node]:
 
 def node_index(c, collection: str) -> NodeIndex:
     """The cached node index of a collection; rebuilt when its revision moved (any process's write)."""
-    from research_agent.collections import open_collection
+    from research_agent.catalog.collections import open_collection
 
     col = open_collection(c, collection, check_model=False)
     key = (c.store.location, str(col.id))

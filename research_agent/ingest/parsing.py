@@ -3,6 +3,11 @@
 Every reader is bounded (issue 11): a hostile file ends in a DocumentError with a reason, fast, in
 bounded memory; it never hangs, crashes or eats the machine. The limits below are module constants
 so the lead can promote them to settings.
+
+Over 400 lines (~725) on purpose for now: the PDF, DOCX and HTML readers (the second half) read these
+limits as this module's globals, and the parser-bomb tests lower them on this module
+(`setattr(parsing, "PARSE_SECONDS", ...)` in a child process). Moving the readers into their own module
+means moving the limits with them and pointing those tests there; left for a step that does both.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def read_regular_file(path: Path, limit: int) -> bytes:
 
 def parse_bytes(path: Path, raw: bytes) -> Any:
     """Parse the bytes already read, so the hash and the chunks describe the same version of the file."""
-    from research_agent import parsing
+    from research_agent.ingest import parsing
 
     return parsing.parse_bytes(raw, path)
 

@@ -7,8 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from research_agent.folder import is_gone
-from research_agent.ingest import delete_chunks, recover_interrupted, version_ids
+from research_agent.ingest.folder import is_gone
+from research_agent.ingest.prepare import version_ids
+from research_agent.ingest.service import delete_chunks, recover_interrupted
 from research_agent.store import swap_target
 
 _PAGE = 5000

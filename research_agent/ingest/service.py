@@ -1,24 +1,33 @@
-"""Ingestion: files and folders into a collection, incremental by content hash, atomic per document."""
+"""Ingestion: files and folders into a collection, incremental by content hash, atomic per document.
+
+The write side: write_documents (intent, embed, upsert, manifest flip), recovery of interrupted writes,
+ingest_path, prune_missing, remove_document and reindex_collection. Preparing a file is prepare.py;
+reading what was ingested is documents.py.
+
+Over 400 lines (~440) on purpose: the crash tests (tests/test_concurrency.py FAKE_CLI, RA_TEST_KILL_AT)
+replace this module's write steps by name (_write_intent, _clear_intent, _ensure_dimension, delete_chunks,
+delete_documents) and rely on every caller reading them as this module's globals. Moving prune or ingest
+to another module would let them call the unhooked originals.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
 import logging
-import os
-import stat
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel
 
-from research_agent import folder
-from research_agent.collections import Deleted, now_iso, open_collection
+from research_agent.ingest import folder
+from research_agent.catalog.collections import Deleted, now_iso, open_collection
 from research_agent.errors import DocumentError, ResearchAgentError
+from research_agent.ingest.documents import find_document
+from research_agent.ingest.prepare import (PreparedDocument, check_allowed, check_size, chunk_ids, chunk_metadata,
+                                           content_hash, document_key, embedding_text, prepare_file, source_name,
+                                           version_ids)
 
 log = logging.getLogger(__name__)
 
@@ -63,210 +72,7 @@ class IngestReport(BaseModel):
     dry_run: bool = False
 
 
-class DocumentInfo(BaseModel):
-    document: str
-    title: str
-    kind: str
-    chunk_count: int
-    content_hash: str
-    source: str
-    path: str | None = None
-    updated_at: str
-
-
-class DocumentList(BaseModel):
-    collection: str
-    documents: list[DocumentInfo]
-
-
 ProgressFn = Callable[[IngestProgress], None]
-
-
-@dataclass
-class PreparedDocument:
-    """A parsed and chunked document ready to embed and write."""
-
-    document: str            # the key within the collection: a relative path, or research:<hash>
-    title: str
-    kind: str                # document | research | note
-    source: str              # where it came from (path, URL, citation)
-    content_hash: str
-    chunks: list[Any]        # research_agent.chunking.Chunk
-    path: str | None = None  # absolute file path, for prune and watch
-    extra: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)  # what the reader worked around (bad front matter...)
-
-
-def document_key(collection: str, document: str) -> str:
-    """The registry key of a document's manifest; `document` comes from source_name (or research:/note:)."""
-    return f"document:{collection}:{document}"
-
-
-def chunk_ids(collection: str, document: str, content_hash: str, count: int) -> list[str]:
-    """Ids from (collection, document, content version, chunk number): a new version never overwrites the old."""
-    base = hashlib.sha1(f"{collection}\n{document}".encode()).hexdigest()[:16]
-    return [f"{base}-{content_hash[:12]}-{i:05d}" for i in range(count)]
-
-
-def content_hash(data: bytes | str) -> str:
-    return hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
-
-
-# -- paths ------------------------------------------------------------------------------------
-def check_allowed(path: Path, allowed_roots: list[Path] | None) -> Path:
-    """Resolve `path` (symlinks too) and refuse anything outside the allowed roots."""
-    raw = str(path)
-    if "\x00" in raw:
-        raise DocumentError("Path contains a NUL byte", guidance="Pass a plain file or folder path.")
-    try:
-        resolved = path.expanduser().resolve()
-        resolved.exists()  # ENAMETOOLONG and friends surface here, not later
-    except (OSError, RuntimeError, ValueError) as exc:
-        raise DocumentError(f"Unusable path: {_path_problem(exc)}",
-                            guidance="Pass an existing file or folder path.", path=folder.display(raw[:200])) from None
-    if allowed_roots is not None and not any(resolved == r or r in resolved.parents for r in allowed_roots):
-        raise DocumentError(
-            "Path is outside the allowed roots",
-            guidance="Use a path under the server's allowed roots (RESEARCH_AGENT_ALLOWED_ROOTS).",
-            path=folder.display(raw[:200]),
-        )
-    return resolved
-
-
-def _path_problem(exc: Exception) -> str:
-    """Why a path could not be resolved, in words: Path.resolve reports a symlink loop as a bare RuntimeError
-    before Python 3.13 (the message was "Unusable path: RuntimeError") and as ELOOP after."""
-    if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP:
-        return "symlink loop"
-    return getattr(exc, "strerror", None) or type(exc).__name__
-
-
-def source_name(path: Path, root: Path | None, prefix: str | None = None) -> str:
-    """The document key: relative to the ingested folder's parent (so `docs/a.md`), or to cwd.
-
-    `prefix` replaces the folder's own name when folder.folder_prefix gave it another (same-named folders).
-    """
-    if root is not None and prefix is not None:
-        rel = path.relative_to(root).as_posix()
-        return prefix if rel == "." else f"{prefix}/{rel}"
-    base = root.parent if root is not None else Path.cwd()
-    try:
-        return path.relative_to(base).as_posix()
-    except ValueError:
-        return path.as_posix()
-
-
-def iter_folder(folder_path: Path, *, recursive: bool, include: Iterable[str], exclude: Iterable[str],
-                allowed_roots: list[Path] | None) -> list[Path]:
-    """Regular files under `folder_path` (folder.walk_folder has the entries skipped and why)."""
-    return folder.walk_folder(folder_path, recursive=recursive, include=include, exclude=exclude,
-                              allowed_roots=allowed_roots).files
-
-
-# -- preparing --------------------------------------------------------------------------------
-def check_size(c, path: Path) -> int:
-    """Refuse a special file or one over its size limit before reading a byte; returns the limit in bytes.
-
-    The stat comes first so a FIFO or device is never even opened; read_regular_file checks again on the
-    open descriptor and counts the bytes it reads (st_size is 0 for /dev/zero and /proc files).
-    """
-    from research_agent.parsing import detect_format
-
-    limit = int((c.settings.max_pdf_mb if detect_format(path) == "pdf" else c.settings.max_file_mb) * 1024 * 1024)
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise folder.not_regular(path, st.st_mode)
-    if st.st_size > limit:
-        raise folder.too_large(f"{st.st_size / 2**20:.1f} MB", limit)
-    return limit
-
-
-def chunk_parsed(c, parsed: Any, document: str, title: str) -> list[Any]:
-    """Chunks of a parsed document, each fitting the embedder's own token limit with its title line (see
-    chunking.chunk_document): sized by an estimate, 58 % of SciFact's chunks overflowed MiniLM's 256 tokens."""
-    from research_agent.chunking import chunk_document
-    from research_agent.embeddings import chunk_limits
-
-    return chunk_document(parsed, source=document, title=title, **chunk_limits(c.embedder, c.settings.chunk_max_tokens))
-
-
-def prepare_file(c, path: Path, document: str, *, title: str | None = None, raw: bytes | None = None) -> PreparedDocument:
-    """Parse and chunk one file (DocumentError when it cannot be used; OSError when it cannot be read).
-
-    The chunks are parsed from `raw`, the bytes that were hashed, so the manifest's hash always describes
-    the indexed text (a second read could see a newer version and pin stale chunks under the new hash).
-    """
-    s = c.settings
-    if raw is None:
-        raw = folder.read_regular_file(path, check_size(c, path))
-    parsed = folder.parse_bytes(path, raw)
-    doc_title = title or parsed.title or path.stem
-    chunks = chunk_parsed(c, parsed, document, doc_title)
-    if len(chunks) > s.max_chunks_per_file:
-        raise DocumentError(f"{len(chunks)} chunks exceed the limit of {s.max_chunks_per_file} per file",
-                            guidance="Raise RESEARCH_AGENT_MAX_CHUNKS_PER_FILE or split the file.")
-    extra = {k: v for k, v in parsed.metadata.items() if k in ("description", "keywords", "tags")}
-    return PreparedDocument(
-        document=document, title=doc_title, kind="document", source=document,
-        content_hash=content_hash(raw + (title or "").encode()), chunks=chunks, path=str(path), extra=extra,
-        warnings=list(parsed.warnings),
-    )
-
-
-def _chunk_metadata(collection: str, doc: PreparedDocument, chunk: Any, seq: int) -> dict[str, Any]:
-    """A chunk's stored metadata. What a document or node repeats in each of its chunks is capped (the
-    chunking module's *_MAX_* constants): uncapped, a 1.2 MB file with a long title made a 308 MB store."""
-    from research_agent.chunking import (FIELD_MAX_CHARS, LIST_ITEM_MAX_CHARS, TITLE_MAX_CHARS, cap_header_path,
-                                         cap_list, cap_text)
-
-    def name(value: Any) -> Any:  # node ids, types, statuses: capped alike, so references still match
-        return cap_text(value, LIST_ITEM_MAX_CHARS) if isinstance(value, str) else value
-
-    meta: dict[str, Any] = {
-        "collection": collection,
-        "source_document": doc.document,
-        "document_title": cap_text(doc.title or "", TITLE_MAX_CHARS),
-        "header_path": cap_header_path(chunk.header_path or ""),
-        "content_type": chunk.content_type,
-        "code_language": chunk.code_language,
-        "chunk_sequence_id": seq,
-        "content_hash": doc.content_hash,
-        "kind": doc.kind,
-        "source": doc.source,
-        "node_id": name(chunk.node_id),
-        "node_type": name(chunk.node_type),
-        "status": name(chunk.status),
-        "parent_id": name(chunk.parent_id),
-        "blocked_by": cap_list(list(chunk.blocked_by)) or None,
-        "last_checked": name(chunk.last_checked),
-        "labels": cap_list(list(chunk.labels)) or None,
-        "anchor": chunk.anchor,
-        "page": chunk.page,
-        "token_count": chunk.token_count,
-    }
-    for key in ("description", "added_at"):
-        if isinstance(doc.extra.get(key), str):
-            meta[key] = cap_text(doc.extra[key], FIELD_MAX_CHARS)
-    for key in ("title", "description"):  # the hybrid format's node-level bullets
-        value = chunk.node_metadata.get(key)
-        if isinstance(value, str) and value:
-            meta[f"node_{key}"] = cap_text(value, FIELD_MAX_CHARS)
-    kw = doc.extra.get("keywords") or doc.extra.get("tags")
-    if isinstance(kw, list) and kw:
-        meta["keywords"] = cap_list([str(k) for k in kw])
-    return {k: v for k, v in meta.items() if v is not None}
-
-
-def embedding_text(meta: dict[str, Any], text: str) -> str:
-    """What is embedded: the chunk after a line with its title and header path, so short chunks keep context.
-
-    The line is capped (chunking.embedding_context) also for chunks stored before the caps existed (`kb
-    reindex` reads them back), and the chunker leaves room for it within the model's input length.
-    """
-    from research_agent.chunking import embedding_context
-
-    context = embedding_context(meta.get("document_title"), meta.get("header_path"))
-    return f"{context}\n{text}" if context and context not in text[:200] else text
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -281,7 +87,7 @@ def write_documents(c, collection: str, docs: list[PreparedDocument]) -> int:
     for doc in docs:
         for seq, (cid, chunk) in enumerate(zip(chunk_ids(collection, doc.document, doc.content_hash, len(doc.chunks)),
                                                doc.chunks)):
-            meta = _chunk_metadata(collection, doc, chunk, seq)
+            meta = chunk_metadata(collection, doc, chunk, seq)
             ids.append(cid)
             texts.append(chunk.text)
             metas.append(meta)
@@ -317,10 +123,6 @@ def write_documents(c, collection: str, docs: list[PreparedDocument]) -> int:
         _clear_intent(c, intent)
         c.store.bump_revision(collection)
     return len(ids)
-
-
-def version_ids(collection: str, versions: Iterable[dict[str, Any]]) -> list[str]:
-    return [cid for v in versions for cid in chunk_ids(collection, v["document"], v["content_hash"], int(v["chunk_count"]))]
 
 
 def delete_chunks(col: Any, ids: list[str]) -> None:
@@ -588,87 +390,6 @@ def _read_one(c, file: Path, document: str, prev: dict[str, Any] | None, report:
     if single:
         raise error from None
     return None
-
-
-def list_documents(c, collection: str) -> DocumentList:
-    c.store.refresh()
-    open_collection(c, collection, check_model=False)
-    recs = sorted(c.store.registry_find("document", collection).values(), key=lambda m: m["document"])
-    return DocumentList(collection=collection, documents=[DocumentInfo(**{k: m.get(k) for k in DocumentInfo.model_fields})
-                                                          for m in recs])
-
-
-def find_document(c, collection: str, document: str) -> dict[str, dict[str, Any]]:
-    """The manifest of `document` (its key, or a path that resolves to a recorded file)."""
-    key = document_key(collection, document)
-    found = c.store.registry_get([key])
-    if not found:
-        candidates = {k: m for k, m in c.store.registry_find("document", collection).items()
-                      if m.get("path") and m["path"] == str(Path(document).expanduser().resolve())}
-        found = candidates
-    if not found:
-        raise DocumentError(f"Document {document!r} not found in {collection!r}",
-                            guidance=f"Run `research-agent kb list-documents --collection {collection}`.",
-                            document=document[:200], collection=collection)
-    return found
-
-
-class DocumentContent(BaseModel):
-    collection: str
-    document: str
-    title: str
-    kind: str
-    source: str
-    path: str | None = None
-    updated_at: str
-    content: str
-    chunk_count: int
-
-
-class ChunkView(BaseModel):
-    chunk_id: str
-    sequence: int
-    header_path: str
-    content_type: str
-    content: str
-
-
-class DocumentChunks(BaseModel):
-    collection: str
-    document: str
-    title: str | None
-    chunk_count: int
-    chunks: list[ChunkView]
-
-
-def _current_chunks(c, collection: str, document: str) -> tuple[dict[str, Any], list[ChunkView]]:
-    """The manifest of `document` (key or file path) and its visible chunks, in document order."""
-    c.store.refresh()
-    manifest = next(iter(find_document(c, collection, document).values()))
-    col = open_collection(c, collection, check_model=False)
-    got = col.get(ids=version_ids(collection, [manifest]), include=["documents", "metadatas"])
-    chunks = sorted((ChunkView(chunk_id=cid, sequence=int(meta.get("chunk_sequence_id", 0)),
-                               header_path=meta.get("header_path", ""), content_type=meta.get("content_type", ""),
-                               content=text)
-                     for cid, text, meta in zip(got["ids"], got["documents"], got["metadatas"])),
-                    key=lambda ch: ch.sequence)
-    return manifest, chunks
-
-
-def get_document(c, collection: str, document: str) -> DocumentContent:
-    """A document's full text, reassembled from its chunks in order (by document id or file path)."""
-    manifest, chunks = _current_chunks(c, collection, document)
-    return DocumentContent(collection=collection, document=manifest["document"], title=manifest["title"],
-                           kind=manifest["kind"], source=manifest["source"], path=manifest.get("path"),
-                           updated_at=manifest["updated_at"], chunk_count=len(chunks),
-                           content="\n\n".join(ch.content for ch in chunks))
-
-
-def get_document_chunks(c, collection: str, document: str) -> DocumentChunks:
-    """A document's chunks in order, with their header paths and content types."""
-    manifest, chunks = _current_chunks(c, collection, document)
-    return DocumentChunks(collection=collection, document=manifest["document"], title=manifest.get("title"),
-                          chunk_count=len(chunks), chunks=chunks)
 
 
 def remove_document(c, collection: str, document: str) -> Deleted:

@@ -1,4 +1,4 @@
-"""The one place that turns research-agent errors into JSON-RPC error responses (DESIGN.md section 4).
+"""The one place that turns research-agent errors into JSON-RPC error responses (the table in docs/mcp.md, "Errors").
 
 FastMCP turns every exception raised in a tool (MCPError included) into an `isError` result; only a
 middleware that re-raises `MCPError(code, message, data)` from `on_call_tool` puts a real JSON-RPC
@@ -65,25 +65,27 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         current = getattr(current, "error", None) if isinstance(current, ToolFailure) else current.__cause__
 
 
+def argument_kind(spec: dict[str, Any]) -> str:
+    """An argument's JSON schema in words: 'string', 'array of strings', 'one of hybrid, semantic, keyword'."""
+    options = spec.get("anyOf") or [spec]
+    enums = [v for o in options for v in o.get("enum", []) if v is not None]
+    if enums:
+        return "one of " + ", ".join(map(str, enums))
+    types = []
+    for o in options:
+        t = o.get("type")
+        if t == "array":
+            t = f"array of {o.get('items', {}).get('type', 'values')}s"
+        if t and t != "null":
+            types.append(t)
+    return " or ".join(types) or "value"
+
+
 def describe_arguments(schema: dict[str, Any]) -> str:
     """'Required: query (string). Optional: top_k (integer), mode (one of hybrid, semantic, keyword).'"""
     props: dict[str, Any] = schema.get("properties") or {}
     required = [name for name in schema.get("required") or [] if name in props]
-
-    def kind(spec: dict[str, Any]) -> str:
-        options = spec.get("anyOf") or [spec]
-        enums = [v for o in options for v in o.get("enum", []) if v is not None]
-        if enums:
-            return "one of " + ", ".join(map(str, enums))
-        types = []
-        for o in options:
-            t = o.get("type")
-            if t == "array":
-                t = f"array of {o.get('items', {}).get('type', 'values')}s"
-            if t and t != "null":
-                types.append(t)
-        return " or ".join(types) or "value"
-
+    kind = argument_kind
     optional = [name for name in props if name not in required]
     parts = []
     if required:
@@ -181,5 +183,5 @@ class ErrorMappingMiddleware(Middleware):
         return await self._map(context, call_next, "prompt")
 
 
-__all__ = ["CALL_TIMEOUT", "INVALID_PARAMS", "ErrorMappingMiddleware", "ToolFailure", "call_timeout",
-           "describe_arguments", "invalid_params", "to_mcp_error", "to_tool_failure"]
+__all__ = ["CALL_TIMEOUT", "INVALID_PARAMS", "ErrorMappingMiddleware", "ToolFailure", "argument_kind",
+           "call_timeout", "describe_arguments", "invalid_params", "to_mcp_error", "to_tool_failure"]

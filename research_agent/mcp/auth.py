@@ -17,6 +17,9 @@
   one per ACCEPT_ERROR_LOG_INTERVAL gets through.
 - `MalformedRequestReplies`: the SDK's reply to a malformed message becomes stdio's (code, id, guidance).
 - `HostOriginGuard` also answers 400 to a request with more than one Host or Origin header.
+
+Over 400 lines because it holds six independent guards (each under ~100 lines) that only the HTTP transport
+uses; one module per guard is the natural next split if it grows.
 """
 
 from __future__ import annotations
@@ -333,7 +336,7 @@ _SDK_REJECTIONS = ("Validation error:", "Parse error:")
 class MalformedRequestReplies:
     """Pure ASGI in front of the MCP endpoint: rewrites the SDK's reply to a POST body that is not a JSON-RPC
     message (400, id null, -32602 and pydantic's multi-line validation dump as the message) into the reply
-    stdio gives (research_agent.mcp_stdio.rejection: -32700/-32600/-32602, the request's id, one sentence and
+    stdio gives (research_agent.mcp.stdio.rejection: -32700/-32600/-32602, the request's id, one sentence and
     data.guidance). It only watches: the body is recorded as the SDK reads it, and only a 400 whose message
     starts like the SDK's parse or validation errors is replaced; everything else passes unchanged."""
 
@@ -376,7 +379,7 @@ class _RewritingSend:
         await self._send(message)
 
     def _answer(self, sdk_body: bytes) -> bytes | None:
-        from research_agent.mcp_stdio import rejection
+        from research_agent.mcp.stdio import rejection
 
         try:
             sdk_error = json.loads(sdk_body)["error"]["message"]

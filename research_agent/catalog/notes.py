@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from research_agent.collections import now_iso, open_collection
+from research_agent.catalog.collections import now_iso, open_collection
 from research_agent.errors import DocumentError
-from research_agent.ingest import (PreparedDocument, chunk_parsed, content_hash, document_key, recover_if_needed,
-                                   write_documents)
+from research_agent.ingest.prepare import PreparedDocument, chunk_parsed, content_hash, document_key
+from research_agent.ingest.service import recover_if_needed, write_documents
 
 
 class AugmentResult(BaseModel):
@@ -26,7 +26,7 @@ MAX_RESEARCH_CHARS = 2_000_000
 def add_research(c, collection: str, content: str, source: str, title: str | None = None,
                  kind: str = "research") -> AugmentResult:
     """Store research text (Markdown) with its source; the same content from the same source is stored once."""
-    from research_agent.parsing import parse_text
+    from research_agent.ingest.parsing import parse_text
 
     if not isinstance(content, str) or not content.strip():
         raise DocumentError("The research content is empty", guidance="Pass --content TEXT, --file F or text on stdin.")
@@ -69,7 +69,7 @@ def add_note(c, collection: str, content: str, title: str, source: str | None = 
 
 def update_note(c, collection: str, document: str, content: str, title: str | None = None) -> AugmentResult:
     """Replace a note's content (and title) in place; queries never see both versions."""
-    from research_agent.ingest import find_document
+    from research_agent.ingest.documents import find_document
 
     c.store.refresh()
     found = next(iter(find_document(c, collection, document).values()))
@@ -81,7 +81,7 @@ def update_note(c, collection: str, document: str, content: str, title: str | No
 
 
 def _write_note(c, collection: str, document: str, content: str, title: str, source: str, status: str) -> AugmentResult:
-    from research_agent.parsing import parse_text
+    from research_agent.ingest.parsing import parse_text
 
     if not isinstance(content, str) or not content.strip():
         raise DocumentError("The note is empty", guidance="Pass --content TEXT, --file F or text on stdin.")

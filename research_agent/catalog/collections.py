@@ -1,12 +1,18 @@
-"""Collections: create, list, inspect and delete the knowledge collections."""
+"""Collections: create, list, inspect and delete the knowledge collections.
+
+Imports projects (linking on create, unlinking on delete) as a module, so a test hook that replaces
+`projects.drop_collection_links` still reaches these calls; projects never imports this module, so the two
+share `Deleted` and `now_iso` through catalog/common.py. Both names stay importable from here.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import BaseModel
 
+from research_agent.catalog.common import Deleted, now_iso
+from research_agent.catalog import projects
 from research_agent.errors import CollectionError
 
 COLLECTION_TYPES = ("fundamental", "project-specific")
@@ -26,16 +32,6 @@ class CollectionInfo(BaseModel):
 
 class CollectionList(BaseModel):
     collections: list[CollectionInfo]
-
-
-class Deleted(BaseModel):
-    deleted: str
-    kind: str
-    chunks_removed: int = 0
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def open_collection(c, name: str, *, check_model: bool = True) -> Any:
@@ -86,18 +82,14 @@ def create_collection(c, name: str, type: str = "project-specific", description:
                       project: str | None = None) -> CollectionInfo:
     """Create an empty collection (and link it to `project` when given)."""
     _check_type(type)
-    from research_agent.projects import link_collections, require_project
-
-    from research_agent.projects import drop_collection_links
-
     if project:
-        require_project(c, project)
+        projects.require_project(c, project)
     with c.store.write_lock():
         if not c.store.has_collection(name):  # (this restores a collection a reindex left under its backup name)
             # Records left by a delete killed midway would make the new collection skip every file as
             # "unchanged" (issue 11 item 6): a collection starts with none of them.
             c.store.registry_delete_collection(name)
-            drop_collection_links(c, name)
+            projects.drop_collection_links(c, name)
         c.store.create_collection(name, {
             "type": type,
             "description": description or "",
@@ -107,7 +99,7 @@ def create_collection(c, name: str, type: str = "project-specific", description:
             "created_at": now_iso(),
         })
     if project:
-        link_collections(c, project, [name])
+        projects.link_collections(c, project, [name])
     return get_collection_info(c, name)
 
 
@@ -117,9 +109,7 @@ def list_collections(c, type: str | None = None, project: str | None = None) -> 
     c.store.refresh()
     links = _project_links(c)
     if project:
-        from research_agent.projects import require_project
-
-        require_project(c, project)
+        projects.require_project(c, project)
     infos = [_info(c, col, links) for col in c.store.list_collections()]
     infos = [i for i in infos if (not type or i.type == type) and (not project or project in i.projects)]
     return CollectionList(collections=infos)
@@ -142,8 +132,6 @@ def delete_collection(c, name: str) -> Deleted:
     records without a collection: running the delete again finishes it, and `create_collection` clears
     them too, so a new collection of that name never inherits them.
     """
-    from research_agent.projects import drop_collection_links
-
     c.store.refresh()
     with c.store.write_lock():
         if c.store.has_collection(name):
@@ -154,5 +142,5 @@ def delete_collection(c, name: str) -> Deleted:
         else:
             c.store.get_collection(name)  # the not-found error, with its guidance
         c.store.registry_delete_collection(name)
-        drop_collection_links(c, name)
+        projects.drop_collection_links(c, name)
     return Deleted(deleted=name, kind="collection", chunks_removed=info.chunk_count if info else 0)

@@ -1,4 +1,7 @@
-"""Header-aware chunker, including the Markdown-JSON hybrid node format (metadata bullets under headers).
+"""Header-aware chunker: sections, sizes and splits. The hybrid node format it reads is in nodes.py.
+
+Over 400 lines (~550): `_Chunker` is one ~340-line class whose size, split and emit steps share its token
+budgets, counters and anchors; cutting it apart means threading that state through, left for later.
 
 Token estimate: one token per word or digit run, per punctuation mark and per underscore, plus one more
 per 8 characters of a long run. That tracks WordPiece/BPE counts (common words whole, long identifiers
@@ -26,7 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from research_agent.parsing import ParsedDocument
+from research_agent.ingest.nodes import CONTENT_SEPARATOR, NodeFields, node_fields, scalar, take_metadata
+from research_agent.ingest.parsing import ParsedDocument
 
 #: The most UTF-8 bytes of text one chunk holds, whatever its token budget: ~4x what the default budget
 #: packs of English prose (~1.5 KB), small enough that no line of minified code, base64 or table can make a
@@ -54,27 +58,12 @@ _HEADER = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 _FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _FENCE_CLOSE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
 _TABLE_SEPARATOR = re.compile(r"^ {0,3}\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$")
-_CONTENT_SEPARATOR = re.compile(r"^[ \t]*<!--[ \t]*content[ \t]*-->[ \t]*$", re.IGNORECASE)
-_META_BULLET = re.compile(r"^ {0,3}[-*+][ \t]+[*_`]*([A-Za-z][\w-]*)[*_`]*[ \t]*:(?:[ \t]+(.*?))?[ \t]*$")
-_LIST_CONTINUATION = re.compile(r"^([ \t]+\S|[ \t]{0,3}([-*+]|\d+[.)])[ \t])")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _CODE_SYMBOL = re.compile(
     r"^(?:export\s+|pub(?:\([^)]*\))?\s+|public\s+|private\s+|protected\s+|static\s+|async\s+|default\s+)*"
     r"(?:def|class|function\*?|func|fn|struct|interface|enum|trait|impl|type|module|object)\s+"
     r"(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)"
 )
-
-#: Keys that mark a bullet block under a header as node metadata even without a `<!-- content -->` line.
-KNOWN_METADATA_KEYS = frozenset(
-    {"id", "type", "status", "blocked_by", "blocks", "depends_on", "last_checked", "label", "labels", "priority",
-     "parent", "parent_id"}
-)
-# Without a separator these must be short (an `id` one token) so an API field list such as
-# "- id: the user's id" stays prose.
-_TOKEN_VALUED_KEYS = frozenset({"id", "type", "status", "last_checked", "priority", "parent", "parent_id"})
-_LIST_KEYS = frozenset({"blocked_by", "blocks", "depends_on", "label", "labels", "tags"})
-_EMPTY_VALUES = frozenset({"", "none", "null", "~", "-", "[]"})
-
 
 @dataclass
 class Chunk:
@@ -96,18 +85,6 @@ class Chunk:
     token_count: int
     #: Other hybrid-format metadata of the node (title, description, priority ...), scalars or lists of str.
     node_metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class _Node:
-    id: str
-    type: str | None = None
-    status: str | None = None
-    parent_id: str | None = None
-    blocked_by: list[str] = field(default_factory=list)
-    last_checked: str | None = None
-    labels: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -211,25 +188,11 @@ class _Chunker:
         self._counted: dict[str, int] = {}
         self._fragments: set[str] = set()
 
-    def node(self, header_path: str, meta: dict[str, Any] | None = None, parent_id: str | None = None) -> _Node:
+    def node(self, header_path: str, meta: dict[str, Any] | None = None, parent_id: str | None = None) -> NodeFields:
         occurrence = self._path_counts.get(header_path, 0) + 1
         self._path_counts[header_path] = occurrence
-        meta = dict(meta or {})
-        node_id = _scalar(meta.pop("id", None))
-        if not node_id:
-            key = self.source + "\n" + header_path + (f"\n{occurrence}" if occurrence > 1 else "")
-            node_id = "n-" + hashlib.sha1(key.encode("utf-8")).hexdigest()[:12]
-        explicit_parent = _scalar(meta.pop("parent_id", None)) or _scalar(meta.pop("parent", None))
-        return _Node(
-            id=node_id,
-            type=_scalar(meta.pop("type", None)),
-            status=_scalar(meta.pop("status", None)),
-            parent_id=explicit_parent or parent_id,
-            blocked_by=_as_list(meta.pop("blocked_by", [])),
-            last_checked=_scalar(meta.pop("last_checked", None)),
-            labels=_as_list(meta.pop("labels", [])) + _as_list(meta.pop("label", [])),
-            extra=meta,
-        )
+        key = self.source + "\n" + header_path + (f"\n{occurrence}" if occurrence > 1 else "")
+        return node_fields(meta, "n-" + hashlib.sha1(key.encode("utf-8")).hexdigest()[:12], parent_id)
 
     def anchor(self, title: str) -> str:
         slug = slugify(title)[:ANCHOR_MAX_CHARS]
@@ -368,7 +331,7 @@ class _Chunker:
             taken, used = taken + 1, used + size
         return " ".join(words[len(words) - taken:]) if taken else ""
 
-    def emit(self, text: str, *, header_path: str, content_type: str, language: str | None, node: _Node,
+    def emit(self, text: str, *, header_path: str, content_type: str, language: str | None, node: NodeFields,
              anchor: str = "", page: int | None = None) -> None:
         text = text.strip("\n")
         if not text.strip():
@@ -385,7 +348,7 @@ class _Chunker:
 
     # -- plain text and PDF pages ------------------------------------------------------------------
 
-    def prose(self, text: str, *, header_path: str, node: _Node, page: int | None = None,
+    def prose(self, text: str, *, header_path: str, node: NodeFields, page: int | None = None,
               anchor: str = "", lead: str = "") -> None:
         """Pack blank-line separated paragraphs; `lead` (the section header) opens the first chunk."""
         paragraphs = [p.strip("\n") for p in re.split(r"\n[ \t]*\n", text) if p.strip()]
@@ -438,7 +401,7 @@ class _Chunker:
         for piece in self.pack(blocks, budget, "\n\n", level=_LINES):
             self._emit_code(piece, language, node)
 
-    def _emit_code(self, text: str, language: str | None, node: _Node) -> None:
+    def _emit_code(self, text: str, language: str | None, node: NodeFields) -> None:
         # The chunk is named after the definition it opens with, skipping decorators and comments.
         first = next((line for line in text.split("\n")
                       if line.strip() and not line.lstrip().startswith(("@", "#", "//", "/*", "*"))), "")
@@ -450,11 +413,11 @@ class _Chunker:
 
     def markdown(self, text: str, front_matter: dict[str, Any]) -> None:
         sections = _sections(text)
-        stack: list[tuple[int, str, _Node]] = []  # (level, title, node) of enclosing headers
-        doc_node: _Node | None = None
-        top: _Node | None = None
+        stack: list[tuple[int, str, NodeFields]] = []  # (level, title, node) of enclosing headers
+        doc_node: NodeFields | None = None
+        top: NodeFields | None = None
         for section in sections:
-            meta, items = _take_metadata(section.items)
+            meta, items = take_metadata(section.items)
             if section.level == 0:
                 doc_meta = {k.lower(): v for k, v in front_matter.items() if k.lower() in ("id", "type", "status")}
                 declared = meta is not None or bool(doc_meta)
@@ -479,17 +442,17 @@ class _Chunker:
         if not self.chunks and top is not None:
             self.outline(front_matter, [s.header_line for s in sections if s.title], top)
 
-    def outline(self, front_matter: dict[str, Any], header_lines: list[str], node: _Node) -> None:
+    def outline(self, front_matter: dict[str, Any], header_lines: list[str], node: NodeFields) -> None:
         """A document of structure only (headings, a front-matter title or description) as one chunk of that
         text: a release checklist of four headings was "no text content", skipped, and its old version
         removed. Emitted only when nothing else made a chunk, so documents with a body are unchanged."""
         head = [cap_text(v, FIELD_MAX_CHARS) for k in ("title", "description")
-                if (v := _scalar(front_matter.get(k)))]
+                if (v := scalar(front_matter.get(k)))]
         parts = head + (["\n".join(header_lines)] if header_lines else [])
         self.emit("\n\n".join(parts), header_path="", content_type="prose", language=None, node=node)
 
     def block(self, text: str, content_type: str, language: str | None, lead: str, *, header_path: str,
-              node: _Node, anchor: str) -> None:
+              node: NodeFields, anchor: str) -> None:
         """A table or fenced code block: one chunk (with the section's lead) when it fits, else split."""
         budget = self.budget(header_path)
         whole = f"{lead}\n\n{text}" if lead else text
@@ -503,7 +466,7 @@ class _Chunker:
             self.emit(piece, header_path=header_path, content_type=content_type, language=language, node=node,
                       anchor=anchor)
 
-    def _section_body(self, items: list[tuple[str, Any]], header_line: str, header_path: str, node: _Node,
+    def _section_body(self, items: list[tuple[str, Any]], header_line: str, header_path: str, node: NodeFields,
                       anchor: str) -> None:
         lead = header_line
         prose_lines: list[str] = []
@@ -539,7 +502,7 @@ class _Chunker:
                 whole_block("\n".join(v for _, v in items[i:end]), "table", None)
                 i = end
             else:
-                if not _CONTENT_SEPARATOR.match(value):  # stray separators are markup, not content
+                if not CONTENT_SEPARATOR.match(value):  # stray separators are markup, not content
                     prose_lines.append(value)
                 i += 1
         flush_prose()
@@ -580,81 +543,6 @@ def _sections(text: str) -> list[_Section]:
             sections[-1].items.append(("line", line))
         i += 1
     return sections
-
-
-def _take_metadata(items: list[tuple[str, Any]]) -> tuple[dict[str, Any] | None, list[tuple[str, Any]]]:
-    """Remove leading hybrid-format metadata bullets (and `<!-- content -->`) from a section's items."""
-    meta: dict[str, Any] = {}
-    found = seen_separator = False
-    i, n = 0, len(items)
-
-    def skip_blank(j: int) -> int:
-        while j < n and items[j][0] == "line" and not items[j][1].strip():
-            j += 1
-        return j
-
-    while True:
-        j = skip_blank(i)
-        if j < n and items[j][0] == "line" and _CONTENT_SEPARATOR.match(items[j][1]):
-            i, seen_separator = j + 1, True
-            continue
-        k, run = j, []
-        while k < n and items[k][0] == "line" and (m := _META_BULLET.match(items[k][1])):
-            run.append((m.group(1).lower().replace("-", "_"), m.group(2) or ""))
-            k += 1
-        if not run or (k < n and items[k][0] == "line" and _LIST_CONTINUATION.match(items[k][1])):
-            break  # no bullets, or an ordinary list that goes on with non key-value items
-        after = skip_blank(k)
-        separated = after < n and items[after][0] == "line" and bool(_CONTENT_SEPARATOR.match(items[after][1]))
-        if not separated and (seen_separator or not _looks_like_metadata(run)):
-            break
-        for key, value in run:  # duplicate keys and repeated blocks: the last value wins
-            meta[key] = _parse_value(key, value)
-        found = True
-        i = after + 1 if separated else k
-        seen_separator = seen_separator or separated
-    return (meta if found else None), items[i:]
-
-
-def _looks_like_metadata(run: list[tuple[str, str]]) -> bool:
-    keys = {key for key, _ in run}
-    if not keys & KNOWN_METADATA_KEYS:
-        return False
-    values = {key: value.strip() for key, value in run}
-    if "id" in values and not re.fullmatch(r"[\w.:/#@+\-'\"`]+", values["id"]):
-        return False
-    return all(len(values[k].split()) <= 2 for k in _TOKEN_VALUED_KEYS & keys)
-
-
-def _parse_value(key: str, value: str) -> Any:
-    value = value.strip()
-    if key in _LIST_KEYS or (value.startswith("[") and value.endswith("]")):
-        return _as_list(value)
-    return _unquote(value)
-
-
-def _unquote(value: str) -> str:
-    value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'`":
-        return value[1:-1].strip()
-    return value
-
-
-def _as_list(value: Any) -> list[str]:
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    value = str(value or "").strip()
-    if value.startswith("[") and value.endswith("]"):
-        value = value[1:-1]
-    items = (_unquote(v) for v in value.split(","))
-    return [v for v in items if v.lower() not in _EMPTY_VALUES]
-
-
-def _scalar(value: Any) -> str | None:
-    if isinstance(value, list):
-        value = ", ".join(value)
-    text = str(value).strip() if value is not None else ""
-    return text or None
 
 
 def _nbytes(text: str) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from research_agent.collections import Deleted, now_iso
+from research_agent.catalog.common import Deleted, now_iso
 from research_agent.errors import CollectionError
 from research_agent.store import validate_name
 

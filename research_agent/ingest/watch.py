@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterable
 
-from research_agent.ingest import IngestReport, ingest_path
+from research_agent.ingest.service import IngestReport, ingest_path
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,213 @@
+"""How a tool's service call runs: one policy object per tool (`Tool`) or resource (`Calls`), three kinds.
+
+- `read`: bounded by `call_timeout` (a timed-out thread finishes in the background, writing nothing).
+- `write`: not bounded, since cutting a write off midway is worse than waiting for it.
+- `job`: a long write (ingest, reindex): listed by get_status while it runs, reports MCP progress, and stops
+  at its next file when the client cancels the request.
+
+All three wait for a running warm-up first (not counted toward the limit: it happens once per process), hold
+one of `max_concurrent_calls` slots, run the synchronous service in a worker thread inside a store session,
+and turn what it raised into a ToolFailure that research_agent/mcp/errors.py maps to a JSON-RPC error.
+`Tool` also carries the tool's registration data, so a tool's name is written once: its function's name.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import anyio
+from fastmcp import Context, FastMCP
+from fastmcp.tools import ToolResult
+
+from research_agent.container import Container
+from research_agent.mcp.errors import ToolFailure, call_timeout, invalid_params, to_tool_failure
+from research_agent.mcp.lifespan import ServerState
+from research_agent.mcp.render import render
+
+log = logging.getLogger("research_agent.mcp")
+
+# Every tool returns a JSON object; the schema says only that (the shapes are in each description).
+OBJECT_SCHEMA = {"type": "object", "additionalProperties": True}
+
+
+class CallCancelled(Exception):
+    """Raised inside a worker thread at its next progress report once the client cancelled the call."""
+
+
+def state(ctx: Context) -> ServerState:
+    return ctx.lifespan_context["state"]
+
+
+def container(ctx: Context) -> Container:
+    return state(ctx).container
+
+
+def dump(result: Any) -> dict[str, Any]:
+    return result.model_dump(mode="json") if hasattr(result, "model_dump") else result
+
+
+def require(value: Any, name: str, action: str) -> Any:
+    """An argument that the chosen action needs: missing, it is a -32602 naming the argument."""
+    if value is None or value == "" or value == []:
+        raise ToolFailure(invalid_params(f"{name} is required for action {action!r}", f"Call again with {name} set.",
+                                         argument=name))
+    return value
+
+
+def _in_session(st: ServerState, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Worker-thread side of a tool call: the store may be shared by other calls, never reopened under them."""
+    with st.container.store.session():
+        return fn(*args, **kwargs)
+
+
+class Calls:
+    """The call policies for one tool, resource or prompt; `label` names it in time-out and error messages."""
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label
+
+    async def read(self, ctx: Context, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return await self._run(ctx, fn, args, kwargs, timed=True)
+
+    async def write(self, ctx: Context, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return await self._run(ctx, fn, args, kwargs, timed=False)
+
+    async def job(self, ctx: Context, job: dict[str, Any], fn: Callable[..., Any], *args: Any,
+                  **kwargs: Any) -> dict[str, Any]:
+        """`job` ({collection, path}) is what get_status lists while `fn(..., progress=...)` runs."""
+        return await self._run(ctx, fn, args, kwargs, timed=False, job=job)
+
+    async def _run(self, ctx: Context, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                   timed: bool, job: dict[str, Any] | None = None) -> dict[str, Any]:
+        st = state(ctx)
+        if not st.warmup.finished:
+            await anyio.to_thread.run_sync(st.warmup.wait)
+        limit = st.call_timeout if timed and st.call_timeout > 0 else math.inf
+        try:
+            with anyio.move_on_after(limit) as scope:
+                async with st.limiter:  # waiting for a free slot counts toward the time limit
+                    if job is None:
+                        result = await anyio.to_thread.run_sync(partial(_in_session, st, fn, *args, **kwargs),
+                                                              abandon_on_cancel=timed)
+                    else:
+                        result = await _run_job(ctx, st, self.label, job, partial(fn, *args, **kwargs))
+            if scope.cancelled_caught:
+                raise ToolFailure(call_timeout(self.label, limit))
+        except (ToolFailure, anyio.get_cancelled_exc_class()):
+            raise
+        except Exception as exc:
+            raise to_tool_failure(exc, self.label) from exc
+        return dump(result)
+
+
+class Tool(Calls):
+    """A tool's description and annotations, and its call policies; decorating the tool's function names it.
+
+    Descriptions are given here instead of docstrings: FastMCP parses docstrings with griffe, whose import
+    alone adds ~0.2 s to the handshake.
+    """
+
+    def __init__(self, description: str, *, title: str, read_only: bool, destructive: bool,
+                 idempotent: bool) -> None:
+        super().__init__()
+        self.description = description
+        self.annotations = {"title": title, "readOnlyHint": read_only, "destructiveHint": destructive,
+                            "idempotentHint": idempotent, "openWorldHint": False}
+        self.fn: Callable[..., Any] | None = None
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        self.fn, self.label = fn, fn.__name__
+        fn.mcp_tool = self  # type: ignore[attr-defined]
+        return fn
+
+    def result(self, data: dict[str, Any]) -> ToolResult:
+        """Structured content for agents plus a Markdown view for clients that only show text."""
+        return ToolResult(content=render(self.label, data), structured_content=data)
+
+
+def add_tools(mcp: FastMCP, *fns: Callable[..., Any]) -> None:
+    """Register tool functions decorated with a `Tool`, in the order given (the order of tools/list)."""
+    for fn in fns:
+        spec: Tool = fn.mcp_tool  # type: ignore[attr-defined]
+        mcp.tool(fn, description=spec.description, output_schema=OBJECT_SCHEMA, annotations=spec.annotations)
+
+
+class _Progress:
+    """The worker side of a job's progress: records it for get_status and drops it into a stream."""
+
+    def __init__(self, st: ServerState, job_id: str, label: str, send: Any, cancelled: threading.Event) -> None:
+        self.st, self.job_id, self.label, self.send, self.cancelled = st, job_id, label, send, cancelled
+
+    def __call__(self, report: Any) -> None:
+        if self.cancelled.is_set():
+            raise CallCancelled(f"{self.label} cancelled by the client")
+        self.st.jobs[self.job_id]["progress"] = dump(report)
+        try:
+            anyio.from_thread.run_sync(self.send.send_nowait, report)
+        except Exception:  # stream closed or loop gone: progress is best effort
+            pass
+
+
+async def _forward(ctx: Context, receive: Any, cancelled: threading.Event) -> None:
+    """Send the latest report as an MCP progress notification, coalescing bursts, so a slow client never
+    slows ingestion down; on cancellation set `cancelled` so the worker stops at its next report."""
+    sent = -1.0
+    try:
+        async with receive:
+            async for report in receive:
+                while True:
+                    try:
+                        report = receive.receive_nowait()
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                done, total = float(report.files_done), float(report.files_total or 0)
+                if done <= sent:
+                    continue  # MCP requires each notification's progress to increase
+                sent = done
+                note = f"{report.stage}: {report.files_done}/{report.files_total} files, {report.chunks_done} chunks"
+                if report.current:
+                    note += f" ({report.current})"
+                try:
+                    await ctx.report_progress(done, total or None, note)
+                except Exception:
+                    log.debug("progress notification failed", exc_info=True)
+    except anyio.get_cancelled_exc_class():
+        cancelled.set()
+        raise
+
+
+async def _run_job(ctx: Context, st: ServerState, label: str, job: dict[str, Any], fn: Callable[..., Any]) -> Any:
+    """`fn(progress=...)` in a worker thread; its reports become MCP progress notifications.
+
+    When the request is cancelled the worker raises CallCancelled at its next report: the batch being written
+    finishes (each is atomic), nothing after it is written.
+    """
+    cancelled = threading.Event()
+    send, receive = anyio.create_memory_object_stream[Any](max_buffer_size=math.inf)
+    job_id = uuid.uuid4().hex[:12]
+    st.jobs[job_id] = {"id": job_id, "tool": label, **job, "started_at": time.time(), "progress": None}
+    progress = _Progress(st, job_id, label, send, cancelled)
+    error: Exception | None = None
+    result: Any = None
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_forward, ctx, receive, cancelled)
+            try:
+                # Not abandoned on cancel: the request ends only when the worker has stopped writing.
+                result = await anyio.to_thread.run_sync(partial(_in_session, st, fn, progress=progress))
+            except Exception as exc:
+                error = exc
+            finally:
+                send.close()
+    finally:
+        st.jobs.pop(job_id, None)
+    if error is not None:
+        raise error
+    return result

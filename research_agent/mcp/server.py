@@ -1,0 +1,72 @@
+"""`create_server`: the composition root of the MCP face. Its lifespan builds one Container per server run
+(research_agent/mcp/lifespan.py); the tool groups, resources and prompts register themselves on the server it
+is given (`register(mcp)`, no global server), in the order tools/list shows them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastmcp import FastMCP
+
+from research_agent import __version__
+from research_agent.config import Settings
+from research_agent.container import Container, build_container
+from research_agent.mcp import prompts, resources, stdio
+from research_agent.mcp.errors import ErrorMappingMiddleware
+from research_agent.mcp.lifespan import LifecycleMiddleware, ServerState, store_health
+from research_agent.mcp.tools import collections, discovery, documents, operations, projects, search
+
+log = logging.getLogger("research_agent.mcp")
+
+#: The tool groups in tools/list order (part of the frozen contract: tests/fixtures/contract/tools.json).
+TOOL_GROUPS = (search, collections, projects, documents, operations, discovery)
+
+
+def create_server(settings: Settings | None = None, config_file: Path | str | None = None,
+                  **overrides: Any) -> FastMCP:
+    """A FastMCP server whose lifespan builds one Container: from `settings`, or from every settings layer
+    (read when the server starts, so each start sees the current environment)."""
+    holder: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(server: FastMCP) -> AsyncIterator[dict[str, Any]]:
+        container = Container(settings) if settings is not None else build_container(config_file, **overrides)
+        log.info("research-agent %s MCP server: store %s", __version__,
+                 container.settings.chroma_host or container.settings.store)
+        state = ServerState(container)
+        holder["state"] = state
+        try:
+            yield {"container": container, "state": state}
+        finally:
+            holder.pop("state", None)
+            state.close()
+
+    server = FastMCP(stdio.SERVER_NAME, version=__version__, instructions=stdio.INSTRUCTIONS,
+                     lifespan=lifespan, middleware=[ErrorMappingMiddleware(), LifecycleMiddleware(holder)])
+    for group in TOOL_GROUPS:
+        group.register(server)
+    resources.register(server)
+    prompts.register(server)
+    _add_health_route(server, holder)
+    return server
+
+
+def _add_health_route(server: FastMCP, holder: dict[str, Any]) -> None:
+    """GET /health (HTTP only, public): answers at once while starting; checks the store after warm-up."""
+
+    @server.custom_route("/health", methods=["GET"])
+    async def health(request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        state = holder.get("state")
+        if state is None or not state.warmup.finished:
+            return JSONResponse({"status": "starting", "version": __version__, "store_reachable": None})
+        reachable, error = await anyio.to_thread.run_sync(store_health, state.container)
+        return JSONResponse({"status": "ok" if reachable else "degraded", "version": __version__,
+                             "store_kind": state.container.store.kind, "store_reachable": reachable,
+                             **({"store_error": error} if error else {})})

@@ -1,0 +1,86 @@
+"""evaluate_retrieval, check_store and get_status: measuring, checking and describing the server and its
+store (research_agent/evaluation.py, doctor.py, status.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastmcp import Context, FastMCP
+from fastmcp.tools import ToolResult
+from pydantic import Field
+
+from research_agent.mcp.calls import Tool, add_tools, container, state
+from research_agent.mcp.params import CollectionName
+
+EVALUATE = Tool("Measure retrieval quality on your own relevance judgments (BEIR files on the server's machine, "
+                "under its allowed roots): nDCG@k, Recall@k, MRR@k and latency for each mode (semantic, keyword, "
+                "hybrid, hybrid+rerank; a mode that cannot run, e.g. no reranker, is reported unavailable). Runs one "
+                "query per judged query and mode: exempt from the call timeout.",
+                title="Evaluate retrieval", read_only=True, destructive=False, idempotent=True)
+
+
+@EVALUATE
+async def evaluate_retrieval(
+    collection: CollectionName,
+    queries_file: Annotated[str, Field(description="BEIR queries.jsonl (_id, text).")],
+    qrels_file: Annotated[str, Field(description="BEIR qrels TSV: query-id, corpus-id, score (header line).")],
+    ctx: Context,
+    k: Annotated[int, Field(description="The cut-off for every metric.", ge=1)] = 10,
+    limit: Annotated[int | None, Field(description="Evaluate only the first N judged queries.", ge=1)] = None,
+) -> ToolResult:
+    from research_agent.evaluation import evaluate
+    from research_agent.ingest import check_allowed
+
+    c = container(ctx)
+
+    def run_eval() -> Any:
+        roots = c.settings.resolved_allowed_roots()
+        files = [check_allowed(Path(f), roots) for f in (queries_file, qrels_file)]
+        return evaluate(c, collection, *files, k=k, limit=limit)
+
+    return EVALUATE.result(await EVALUATE.write(ctx, run_eval))
+
+
+CHECK = Tool("Check the store for what an interrupted write left behind (orphan chunks, incomplete documents, "
+             "leftovers of an interrupted reindex); with repair=true, fix it. Returns per-collection counts, "
+             "leftovers, the repairs done and `healthy`.",
+             title="Check the store", read_only=False, destructive=True, idempotent=True)
+
+
+@CHECK
+async def check_store(
+    ctx: Context,
+    repair: Annotated[bool, Field(description="Fix what the check finds (deletes orphan chunks).")] = False,
+) -> ToolResult:
+    from research_agent.ops.doctor import run_doctor
+
+    return CHECK.result(await CHECK.write(ctx, run_doctor, container(ctx), repair=repair))
+
+
+STATUS = Tool("The server's version, store (embedded path or Chroma server) and whether it is reachable, "
+              "embedding and reranker models (names, whether loaded or available), device, counts of "
+              "collections, documents, chunks and projects, the model warm-up state and the ingestion jobs "
+              "running now.",
+              title="Status", read_only=True, destructive=False, idempotent=True)
+
+
+@STATUS
+async def get_status(ctx: Context) -> ToolResult:
+    from research_agent.ops.status import get_status as status
+
+    server = state(ctx)
+    data = await STATUS.read(ctx, status, server.container)
+    now = time.time()
+    data["running_jobs"] = [{**{k: v for k, v in job.items() if k != "started_at"},
+                             "seconds": round(now - job["started_at"], 1)} for job in list(server.jobs.values())]
+    data["warmup"] = server.warmup.state
+    data["limits"] = {"max_concurrent_calls": int(server.container.settings.max_concurrent_calls),
+                      "call_timeout": server.call_timeout}
+    return STATUS.result(data)
+
+
+def register(mcp: FastMCP) -> None:
+    add_tools(mcp, evaluate_retrieval, check_store, get_status)
