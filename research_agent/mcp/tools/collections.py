@@ -1,4 +1,4 @@
-"""manage_collections: create, list, inspect and delete collections (research_agent/collections.py)."""
+"""manage_collections: create, list, inspect and delete collections (research_agent/catalog/collections.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """ingest_documents, augment_knowledge and manage_documents: what goes into a collection and how it is
-listed, read, removed, re-embedded and pruned (research_agent/ingest.py, research_agent/augment.py).
+listed, read, removed, re-embedded and pruned (research_agent/ingest/, research_agent/catalog/notes.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""manage_projects: projects and the collections linked to them (research_agent/projects.py)."""
+"""manage_projects: projects and the collections linked to them (research_agent/catalog/projects.py)."""
 
 from __future__ import annotations
 
