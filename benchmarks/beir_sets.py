@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CACHE = ROOT / "benchmarks" / ".cache"
+#: judgments rebuilt from the public releases (benchmarks/dev_sets.py): SciFact train, CoSQA dev
+EXTRA = ROOT / "benchmarks" / "data"
 #: name -> (ingest suffix, description)
 SETS = {"scifact": (None, "BEIR SciFact test"), "nfcorpus": (None, "BEIR NFCorpus test"),
         "cosqa": (".py", "CoSQA test (code search)")}
@@ -51,13 +53,27 @@ def open_set(name: str, data_root: Path):
     return c, data
 
 
+def split_files(name: str, split: str, data_root: Path) -> tuple[Path, Path]:
+    """(queries.jsonl, qrels.tsv) of a split: benchmarks/data first, then the shared set.
+
+    Why: ../shared/data ships SciFact and CoSQA only as test; their train/dev judgments live in
+    benchmarks/data (dev_sets.py). A split's own queries file (queries-dev.jsonl) wins over the shared one.
+    """
+    extra, shared = EXTRA / name, data_root / name
+    qrels = next((p for p in (extra / "qrels" / f"{split}.tsv", shared / "qrels" / f"{split}.tsv") if p.is_file()),
+                 shared / "qrels" / f"{split}.tsv")
+    queries = extra / f"queries-{split}.jsonl"
+    return (queries if queries.is_file() else shared / "queries.jsonl"), qrels
+
+
 def evaluate_set(name: str, data_root: Path, modes: list[str], limit: int | None) -> dict:
     from research_agent.evaluation import evaluate
     from research_agent.query import query_knowledge
 
     c, data = open_set(name, data_root)
     query_knowledge(c, "warm up", collections=[name], rerank=False)
-    report = evaluate(c, name, data / "queries.jsonl", data / "qrels" / "test.tsv", modes=modes, limit=limit,
+    queries, qrels = split_files(name, "test", data_root)
+    report = evaluate(c, name, queries, qrels, modes=modes, limit=limit,
                       progress=lambda m, d, t: d % 100 == 0 and log(f"{name} {m}: {d}/{t}"))
     chunks = c.store.get_collection(name).count() if hasattr(c.store, "get_collection") else None
     return {"set": name, "queries": report.queries_evaluated, "chunks": chunks,

@@ -1,13 +1,18 @@
 """Fusion and calibration study on candidate pools: dump once, then compare fusion rules offline.
 
-Usage: .venv/bin/python benchmarks/fusion_study.py dump SET SPLIT   # e.g. dump nfcorpus train
+Usage: .venv/bin/python benchmarks/fusion_study.py dump SET SPLIT   # e.g. dump nfcorpus train, scifact train, cosqa dev
        .venv/bin/python benchmarks/fusion_study.py compare           # every dumped pool, every rule
+       .venv/bin/python benchmarks/fusion_study.py fit               # the adaptive weight, on train/dev pools only
+       .venv/bin/python benchmarks/fusion_study.py chart             # beir_sets.png from the test pools
 
 `dump` runs the hybrid retrieval (research_agent.query.retrieve_candidates, 50 candidates per retriever, as
 `query_knowledge` asks for) for every judged query of a split and stores each candidate's raw cosine and BM25
 score under benchmarks/.cache/pools/. Semantic and keyword orders are exact on the pool: a chunk outside
 the dense top 50 has a lower cosine than all of it (likewise BM25). `compare` ranks each pool by each fusion
 rule of research_agent.query (one slot per document, as `eval` ranks) and prints nDCG@10 per set and rule.
+`fit` fits the per-query dense weight of research_agent.query.adaptive_dense_weight on the train/dev pools
+(FIT_POOLS) and prints its constants with dev and test nDCG@10; test pools are only reported, never fitted.
+Splits come from ../shared/data, or benchmarks/data for SciFact train and CoSQA dev (beir_sets.split_files).
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ POOLS = ROOT / "benchmarks" / ".cache" / "pools"
 
 
 def dump(name: str, split: str, limit: int | None = None) -> Path:
-    from beir_sets import open_set
+    from beir_sets import open_set, split_files
     from research_agent.evaluation import read_qrels, read_queries
     from research_agent.query import retrieve_candidates
 
-    c, data = open_set(name, Path(ROOT.parent / "shared" / "data"))
-    queries, qrels = read_queries(data / "queries.jsonl"), read_qrels(data / "qrels" / f"{split}.tsv")
+    data_root = ROOT.parent / "shared" / "data"
+    c, _ = open_set(name, data_root)
+    qpath, rpath = split_files(name, split, data_root)
+    queries, qrels = read_queries(qpath), read_qrels(rpath)
     todo = [q for q in qrels if q in queries and any(g > 0 for g in qrels[q].values())][:limit]
     POOLS.mkdir(parents=True, exist_ok=True)
     out = POOLS / f"{name}-{split}.jsonl"
@@ -140,6 +147,69 @@ def rules() -> dict:
     return out
 
 
+# -- fitting the adaptive weight (train/dev pools only) ---------------------------------------------
+FIT_POOLS = (("scifact-train",), ("nfcorpus-train", "nfcorpus-dev"), ("cosqa-dev",))
+TEST_POOLS = ("scifact-test", "nfcorpus-test", "cosqa-test")
+WEIGHTS = [i / 100 for i in range(101)]
+#: the fitted rule must beat the better single mode by this much on every dev set (nDCG@10 noise is ~0.003)
+FIT_MARGIN = 0.003
+
+
+def weight_features(d, k) -> list[float]:
+    """The pool features of adaptive_dense_weight, in ADAPTIVE_WEIGHT_COEF's order."""
+    from research_agent.calibration import bm25_squash
+
+    return [float(d.max()), float(d.std()), bm25_squash(float(k.max()))]
+
+
+def weight_table(recs: list[dict]):
+    """(features, nDCG@10 at each of WEIGHTS) per query: a rule's score is a lookup, so a grid search is cheap."""
+    import numpy as np
+
+    X, Y = [], []
+    for r in recs:
+        docs, d, k = pool_arrays(r)
+        nd, nk = _mm(d), _mm(k)
+        X.append(weight_features(d, k))
+        Y.append([ndcg10([docs[i] for i in np.argsort(-(w * nd + (1 - w) * nk), kind="stable")], r["qrels"])
+                  for w in WEIGHTS])
+    return np.array(X), np.array(Y)
+
+
+def fit_weight() -> None:
+    """Logistic 'dense beats BM25 on this query' on the features, then scale and offset by grid search."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    dev = {"+".join(g): weight_table([r for p in g for r in load(*p.split("-"))]) for g in FIT_POOLS}
+    test = {p: weight_table(load(*p.split("-"))) for p in TEST_POOLS if (POOLS / f"{p}.jsonl").is_file()}
+    X, y, sw = [], [], []
+    for Xs, Ys in dev.values():
+        diff = Ys[:, -1] - Ys[:, 0]
+        keep = diff != 0
+        X.append(Xs[keep]), y.append(diff[keep] > 0), sw.append(np.abs(diff[keep]) / np.abs(diff[keep]).sum())
+    X = np.vstack(X)
+    mu, sd = X.mean(0), X.std(0)
+    clf = LogisticRegression(C=1.0, max_iter=5000).fit((X - mu) / sd, np.concatenate(y), sample_weight=np.concatenate(sw))
+    beta, beta0 = clf.coef_[0] / sd, clf.intercept_[0] - float(np.sum(clf.coef_[0] * mu / sd))
+
+    def score(tab, a, b):
+        Xs, Ys = tab
+        w = 1 / (1 + np.exp(-(a + b * (Xs @ beta + beta0))))
+        return Ys[np.arange(len(Ys)), np.rint(w * 100).astype(int)].mean(), max(Ys[:, -1].mean(), Ys[:, 0].mean())
+
+    def objective(a, b):
+        res = [score(t, a, b) for t in dev.values()]
+        return np.mean([h for h, _ in res]) + 3 * np.mean([min(0.0, h - best - FIT_MARGIN) for h, best in res])
+
+    _, a, b = max((objective(a, b), a, b) for a in np.arange(-1.0, 2.01, 0.1) for b in np.arange(0.0, 8.01, 0.25))
+    print(f"ADAPTIVE_WEIGHT_INTERCEPT = {a + b * beta0:.3f}; coef (top_cosine, cosine_sd, top_bm25) = "
+          f"{[round(float(v), 3) for v in b * beta]}")
+    for name, tab in {**dev, **test}.items():
+        print(f"{name}: hybrid {score(tab, a, b)[0]:.4f}, best single mode {score(tab, a, b)[1]:.4f}, "
+              f"w=0.5 {tab[1][:, 50].mean():.4f}")
+
+
 def compare(pools: list[str]) -> None:
     sets = {p: load(*p.split("-")) for p in pools}
     rs = rules()
@@ -156,10 +226,12 @@ if __name__ == "__main__":
 
         fns = rules()
         res = [{"set": n, "queries": len(recs), "modes": {m: {"ndcg": mean_ndcg(recs, fns[r])} for m, r in
-                (("semantic", "semantic"), ("keyword", "keyword"), ("hybrid", "mm0.5"))}}
+                (("semantic", "semantic"), ("keyword", "keyword"), ("hybrid", "shipped"))}}
                for n, recs in ((n, load(n, "test")) for n in ("scifact", "nfcorpus", "cosqa"))]
         for r in res:
             print(r["set"], r["queries"], {m: round(v["ndcg"], 4) for m, v in r["modes"].items()})
         chart(res, ROOT / "benchmarks" / "beir_sets.png")
+    elif sys.argv[1] == "fit":
+        fit_weight()
     elif sys.argv[1] == "compare":
         compare(sys.argv[2:] or sorted(p.stem for p in POOLS.glob("*.jsonl")))

@@ -170,6 +170,8 @@ def main() -> None:
             plan.append(("discovery", name, ["--nodes", "500", "--queries", "20"] if args.quick else []))
         elif name == "scifact":
             plan.append(("scifact", name, ["--limit", "20"] if args.quick else []))
+        elif name == "cli_latency":  # a new `research-agent query` process per run, stage by stage
+            plan.append(("cli_latency", name, ["--runs", "2", "--chunks", "2000"] if args.quick else []))
         elif name == "handshake":
             plan.append(("handshake", name, ["--runs", "3"] if args.quick else []))
         else:

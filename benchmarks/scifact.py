@@ -12,7 +12,6 @@ It runs the same code as `research-agent eval` (research_agent.evaluation.evalua
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re

@@ -3,9 +3,10 @@
 Why: the raw scores mean different things per mode (a cosine of 0.4 is a good MiniLM hit, a BM25 of 12 is
 unbounded, a fused score is min-max normalised per query so the top hit is always about 1), so labels and
 refinement advice built on them misled (issue 12). A small logistic model per mode maps cheap per-hit
-features to P(judged relevant); it was fitted on public NFCorpus train + dev judgments (never on a test
-split; SciFact is not used at all) by benchmarks/calibrate.py, which also reports the expected calibration
-error on the test splits and draws benchmarks/reliability.png. Parameters ship in calibration.json beside
+features to P(judged relevant); it was fitted on public train/dev judgments (SciFact train, NFCorpus
+train + dev, CoSQA dev; never on a test split) by benchmarks/calibrate.py, which also reports the expected
+calibration error on the test splits (SciFact 0.03-0.11, NFCorpus 0.05-0.10, CoSQA 0.13-0.17 by mode) and
+draws benchmarks/reliability.png. Parameters ship in calibration.json beside
 this module; scoring is a dot product and a sigmoid per hit (microseconds, no model).
 
 Scores are made non-increasing down the returned list (each is capped by the one above it): the order is
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Sequence
 
 #: Features a model may use, computed per hit from its retrieval evidence.
-FEATURES = ("cosine", "bm25", "log_rank", "fused", "top_cosine", "top_bm25")
+FEATURES = ("cosine", "bm25", "log_rank", "fused", "top_cosine", "top_bm25", "log_terms", "no_term")
+_TERM = re.compile(r"\w+")
 #: Position-aware blend of a reranker's probability with the retrieval probability (weight of the reranker
 #: by rank in the retrieval order): the top retrieval hits keep more of their own evidence, deeper ones
 #: lean on the cross-encoder, which is where it adds most. A common choice for cross-encoder blending;
@@ -42,21 +45,43 @@ def parameters() -> dict[str, Any]:
     return json.loads(resources.files("research_agent").joinpath("calibration.json").read_text(encoding="utf-8"))
 
 
+def query_terms(query: str) -> int:
+    """Word count of the query (at least 1)."""
+    return max(1, len(_TERM.findall(query or "")))
+
+
 def hit_features(dense: Sequence[float | None], keyword: Sequence[float | None],
-                 fused: Sequence[float]) -> list[dict[str, float]]:
-    """Feature rows for hits in their returned order (rank 1 first); query-level features are list maxima."""
+                 fused: Sequence[float], query: str = "") -> list[dict[str, float]]:
+    """Feature rows for hits in their returned order (rank 1 first); query-level features are list maxima
+    and the query's length: a short topical query ("vitamin d") has many relevant documents (NFCorpus: ~38
+    judged per 2-3 word query), a long specific claim one or two (SciFact: 12 words, 1.1 judged)."""
     cos = [max(-1.0, min(1.0, d)) if d is not None else 0.0 for d in dense]
     bm = [bm25_squash(k) if k is not None else 0.0 for k in keyword]
-    top_cos, top_bm = max(cos, default=0.0), max(bm, default=0.0)
+    top_cos, top_bm, log_terms = max(cos, default=0.0), max(bm, default=0.0), math.log(query_terms(query))
     return [{"cosine": c, "bm25": b, "log_rank": math.log(rank), "fused": f, "top_cosine": top_cos,
-             "top_bm25": top_bm} for rank, (c, b, f) in enumerate(zip(cos, bm, fused), start=1)]
+             "top_bm25": top_bm, "log_terms": log_terms, "no_term": 0.0 if b > 0 else 1.0}
+            for rank, (c, b, f) in enumerate(zip(cos, bm, fused), start=1)]
 
 
 def probability(mode: str, row: dict[str, float], params: dict[str, Any] | None = None) -> float:
-    """P(relevant) of one hit under the mode's logistic model."""
-    model = (params or parameters())["models"][mode]
-    z = model["intercept"] + sum(w * row[name] for name, w in zip(model["features"], model["coef"]))
+    """P(relevant) of one hit under the mode's logistic model.
+
+    A model with `stacks` (hybrid) also reads the logits of the named models' probabilities for the same
+    hit (`logit_semantic`, `logit_keyword`). Why: a hybrid logistic on the raw cosine, BM25 and fused score
+    scored an off-topic licence page with no query term in it 0.37 ("Somewhat Relevant"); stacking the two
+    calibrated estimates, plus whether the hit contains any query term, gives 0.17 (benchmarks/README.md).
+    """
+    params = params or parameters()
+    model = params["models"][mode]
+    stacked = {f"logit_{m}": _logit(probability(m, row, params)) for m in model.get("stacks", ())}
+    z = model["intercept"] + sum(w * (stacked[name] if name in stacked else row[name])
+                                 for name, w in zip(model["features"], model["coef"]))
     return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+def _logit(p: float) -> float:
+    p = min(1.0 - 1e-9, max(1e-9, p))
+    return math.log(p / (1.0 - p))
 
 
 def descending(scores: Sequence[float]) -> list[float]:
@@ -68,9 +93,9 @@ def descending(scores: Sequence[float]) -> list[float]:
 
 
 def calibrated_scores(mode: str, dense: Sequence[float | None], keyword: Sequence[float | None],
-                      fused: Sequence[float], params: dict[str, Any] | None = None) -> list[float]:
+                      fused: Sequence[float], params: dict[str, Any] | None = None, query: str = "") -> list[float]:
     """Calibrated, non-increasing relevance probabilities of hits given in their returned order."""
-    rows = hit_features(dense, keyword, fused)
+    rows = hit_features(dense, keyword, fused, query)
     return descending([probability(mode, r, params) for r in rows])
 
 

@@ -89,7 +89,7 @@ class Settings(BaseModel):
     threshold_relevant: float = Field(0.5, ge=0.0, le=1.0)
     threshold_somewhat_relevant: float = Field(0.2, ge=0.0, le=1.0)
     fusion_method: Literal["convex", "rrf"] = "convex"  # convex: weighted normalised scores; rrf: rank fusion
-    hybrid_dense_weight: float = Field(0.5, ge=0.0, le=1.0)  # dense side of fusion; keyword side is 1 - this
+    hybrid_dense_weight: float = Field(0.5, ge=0.0, le=1.0)  # prior of the per-query dense weight (0.5 neutral; 0/1 pure)
     rrf_k: int = Field(60, ge=1)  # score = 1 / (rrf_k + rank): 0 or less divides by zero at rank 0
     context_weight: float = Field(0.3, ge=0.0)  # document_context mixed into the query vector
     retrieval_candidates: int = Field(50, ge=1)  # per retriever and collection, before fusion
@@ -114,7 +114,7 @@ class Settings(BaseModel):
     max_retrieve_ids: int = Field(20, ge=1)
     max_dependency_depth: int = Field(5, ge=1)
     discovery_boosts_file: Path | None = None   # merged over research_agent/discovery/task_boosts.yaml
-    discovery_min_score: float = Field(0.5, ge=0.0)  # recommendations below are left out (the protocol's "skip")
+    discovery_min_score: float = Field(0.5, ge=0.0)  # the recommendation line; nodes below it are listed as "skip"
     discovery_candidates: int = Field(40, ge=1)  # dense and keyword chunks per collection that nominate nodes
     discovery_collapse_max_tokens: int = Field(3000, ge=0)  # largest subtree "prefer the parent" recommends whole
 

@@ -14,8 +14,11 @@ from research_agent.config import Settings, load_settings
 class Container:
     """What every service function receives; nothing else reads settings or the environment."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, one_shot: bool = False) -> None:
         self.settings = settings
+        # A one-shot process (a CLI command) pays every import once per call, a server once per life: the
+        # reranker picks its backend by this (rerank.Reranker._numpy_model).
+        self.one_shot = one_shot
         self._store: Any = None
         self._store_lock = threading.Lock()
 
@@ -47,7 +50,7 @@ class Container:
     def reranker(self):  # -> Reranker
         from research_agent.rerank import get_reranker
 
-        return get_reranker(self.settings)
+        return get_reranker(self.settings, one_shot=self.one_shot)
 
     def close(self) -> None:
         if self._store is not None:
@@ -81,8 +84,8 @@ def configure_logging(settings: Settings) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def build_container(config_file: Path | str | None = None, **overrides: Any) -> Container:
+def build_container(config_file: Path | str | None = None, one_shot: bool = False, **overrides: Any) -> Container:
     """Settings from every layer (overrides are CLI flags; None = not given), then the container."""
     settings = load_settings(config_file, **overrides)
     configure_logging(settings)
-    return Container(settings)
+    return Container(settings, one_shot=one_shot)

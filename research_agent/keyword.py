@@ -4,6 +4,10 @@ Chroma's own sparse index is not available in the embedded store, so each proces
 index per collection, keyed by (store, Chroma collection id) and stamped with the collection's
 revision from the store registry. Every write (any process, embedded or server) bumps that revision,
 and the next search rebuilds the index from the active chunks, so it never serves stale text.
+The built index is also saved with the store (`<store>/keyword-index/<collection id>/<revision>-...`; for a
+Chroma server under the user's cache folder), so a new process (a CLI query) loads it in ~0.3 s instead of
+rebuilding it (~4 s at 10k chunks). Saves are atomic (temporary folder + rename), checked by size and CRC-32
+when loaded, and one per collection is kept; anything that does not load is removed and rebuilt.
 
 Ranking: BM25 (bm25s defaults k1=1.5, b=0.75) over one text per chunk: the content, the title
 (document title + header path) repeated `title_weight` times and the front-matter keywords/tags repeated
@@ -23,12 +27,29 @@ longer than `MAX_CORRECTABLE_LEN` are not corrected: the candidates of an n-char
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 import re
+import shutil
 import threading
+import time
+import uuid
+import zlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
+log = logging.getLogger(__name__)
+
 _PAGE = 5000
+#: Bump when tokens, stems, stop words or the saved layout change: persisted indexes of another
+#: version are ignored and rebuilt.
+ANALYZER_VERSION = 1
+#: A half-written folder older than this is an abandoned save (a killed process) and is removed; a save at
+#: 10k chunks takes about 1 s, so an hour never removes one in progress.
+ABANDONED_SAVE_SECONDS = 3600
 #: Field weights as repetition counts (the ACDC spec's boosts; content counts once).
 TITLE_WEIGHT = 2
 KEYWORD_WEIGHT = 3
@@ -46,6 +67,10 @@ STOP_WORDS = frozenset(
     "this to was will with".split())
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
+_FORMAT = f"research-agent keyword index {ANALYZER_VERSION}"
+# bm25s methods whose scores are the saved matrix alone (BM25L and BM25+ add a non-occurrence term).
+_NO_NONOCCURRENCE = ("lucene", "robertson", "atire")
+_TMP = ".tmp-"
 
 _cache: dict[tuple[str, str], tuple[int, "KeywordIndex"]] = {}  # (store, Chroma collection id)
 _cache_lock = threading.Lock()
@@ -96,11 +121,52 @@ def index_text(chunk: Chunk, weights: tuple[int, int]) -> str:
     return " ".join([chunk.text] + [title] * weights[0] + [keywords] * weights[1])
 
 
+class SavedScores:
+    """The part of bm25s.BM25 a saved index needs (vocab_dict, get_scores_from_ids), read from what
+    `BM25.save` wrote with numpy alone: importing bm25s pulls in scipy.sparse, ~0.35 s of a ~1.5 s CLI query.
+    Scores are summed as bm25s 0.3 does (np.add.at per query term, in term order), so they are identical."""
+
+    def __init__(self, folder: Path) -> None:
+        import numpy as np
+
+        params = json.loads((folder / "params.index.json").read_text(encoding="utf-8"))
+        if params.get("method") not in _NO_NONOCCURRENCE:
+            raise ValueError(f"BM25 method {params.get('method')!r} is not read without bm25s")
+        self.vocab_dict: dict[str, int] = json.loads((folder / "vocab.index.json").read_text(encoding="utf-8"))
+        self.data, self.indices, self.indptr = (np.load(folder / f"{name}.csc.index.npy", allow_pickle=False)
+                                                for name in ("data", "indices", "indptr"))
+        self.num_docs = int(params["num_docs"])
+        self.dtype = np.dtype(params["dtype"])
+        self._np = np
+
+    def get_scores_from_ids(self, ids: list[int]) -> Any:
+        np = self._np
+        scores = np.zeros(self.num_docs, dtype=self.dtype)
+        for t in ids:
+            start, end = self.indptr[t], self.indptr[t + 1]
+            np.add.at(scores, self.indices[start:end], self.data[start:end])
+        return scores
+
+
 class KeywordIndex:
     """BM25 with field weights, stemming, stop words and one-edit typo tolerance over one collection's chunks."""
 
     def __init__(self, chunks: list[Chunk], weights: tuple[int, int] | None = None) -> None:
         import bm25s
+
+        self._setup(chunks, weights)
+        if not chunks:
+            return
+        tokenized = [words(index_text(ch, self.weights)) for ch in chunks]
+        for doc in tokenized:
+            for w in set(doc):
+                self.word_freq[w] = self.word_freq.get(w, 0) + 1
+        surface = sorted(self.word_freq)
+        self.stem_of = dict(zip(surface, self.stemmer.stemWords(surface)))
+        self.retriever = bm25s.BM25()
+        self.retriever.index([[self.stem_of[w] for w in doc] for doc in tokenized], show_progress=False)
+
+    def _setup(self, chunks: list[Chunk], weights: tuple[int, int] | None) -> None:
         import numpy as np
 
         self.chunks = chunks
@@ -112,16 +178,40 @@ class KeywordIndex:
         self.word_freq: dict[str, int] = {}   # surface word -> number of chunks containing it
         self.stem_of: dict[str, str] = {}
         self._np = np
-        if not chunks:
-            return
-        tokenized = [words(index_text(ch, self.weights)) for ch in chunks]
-        for doc in tokenized:
-            for w in set(doc):
-                self.word_freq[w] = self.word_freq.get(w, 0) + 1
-        surface = sorted(self.word_freq)
-        self.stem_of = dict(zip(surface, self.stemmer.stemWords(surface)))
-        self.retriever = bm25s.BM25()
-        self.retriever.index([[self.stem_of[w] for w in doc] for doc in tokenized], show_progress=False)
+
+    def save(self, folder: Path) -> None:
+        """Write the index into `folder` (new, empty): bm25s's arrays, the chunks and the word tables, then
+        manifest.json with every file's size and CRC-32 (written last: a folder without it is incomplete)."""
+        folder.mkdir(parents=True)
+        if self.retriever is not None:
+            self.retriever.save(str(folder / "bm25"), show_progress=False)
+        tables = {"weights": list(self.weights), "ids": [ch.id for ch in self.chunks],
+                  "texts": [ch.text for ch in self.chunks], "metadatas": [ch.metadata for ch in self.chunks],
+                  "word_freq": self.word_freq, "stem_of": self.stem_of}
+        (folder / "chunks.json").write_text(json.dumps(tables, ensure_ascii=False), encoding="utf-8")
+        files = {str(f.relative_to(folder)): _checksum(f) for f in sorted(folder.rglob("*")) if f.is_file()}
+        manifest = {"format": _FORMAT, "files": files}
+        (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: Path) -> "KeywordIndex":
+        """The index `save` wrote; any missing, truncated or altered file raises (the caller rebuilds)."""
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        if manifest.get("format") != _FORMAT:
+            raise ValueError(f"format {manifest.get('format')!r}, expected {_FORMAT!r}")
+        for name, expected in manifest["files"].items():
+            if _checksum(folder / name) != expected:
+                raise ValueError(f"{name} does not match its checksum")
+        tables = json.loads((folder / "chunks.json").read_text(encoding="utf-8"))
+        index = cls.__new__(cls)
+        chunks = [Chunk(i, t, m) for i, t, m in zip(tables["ids"], tables["texts"], tables["metadatas"], strict=True)]
+        index._setup(chunks, tuple(tables["weights"]))
+        index.word_freq, index.stem_of = tables["word_freq"], tables["stem_of"]
+        if chunks:
+            index.retriever = SavedScores(folder / "bm25")
+            if index.retriever.num_docs != len(chunks):
+                raise ValueError("the BM25 arrays and the chunk list disagree")
+        return index
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -213,23 +303,132 @@ def field_weights(settings: Any) -> tuple[int, int]:
     return settings.keyword_title_weight, settings.keyword_keywords_weight
 
 
-def keyword_index(c, collection: str, col: Any) -> KeywordIndex:
-    """The cached index, rebuilt when the collection's revision moved (any process's write)."""
-    key = (c.store.location, str(col.id))
-    weights = field_weights(c.settings)
-    rev = c.store.revision(collection)
+def _checksum(path: Path) -> list[int]:
+    """[size, CRC-32]: catches truncation and altered bytes at ~1 GB/s (20 MB at 10k chunks: ~20 ms)."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            crc, size = zlib.crc32(block, crc), size + len(block)
+    return [size, crc]
+
+
+def cache_home() -> Path:
+    """Per-user cache folder, XDG style: where derived files of a Chroma server's collections live."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "research-agent"
+
+
+def persist_folder(c, col: Any) -> Path:
+    """Where this collection's saved indexes live: inside the embedded store (they go where the store goes),
+    or for a Chroma server in the user's cache, one folder per server location."""
+    if c.store.kind == "embedded":
+        root = Path(c.settings.store) / "keyword-index"
+    else:
+        root = cache_home() / "keyword-index" / hashlib.sha1(c.store.location.encode()).hexdigest()[:16]
+    return root / str(col.id)
+
+
+def _entry_name(rev: str, weights: tuple[int, int]) -> str:
+    from importlib.metadata import version  # not `import bm25s`: see SavedScores
+
+    return f"{rev}-w{weights[0]}.{weights[1]}-a{ANALYZER_VERSION}-bm25s{version('bm25s')}"
+
+
+def load_persisted(folder: Path, name: str) -> KeywordIndex | None:
+    """The saved index `name`, or None when there is none or it does not load (it is then removed)."""
+    path = folder / name
+    if not path.is_dir():
+        return None
+    try:
+        return KeywordIndex.load(path)
+    except Exception as exc:  # truncated, altered, older format: never trusted, rebuilt by the caller
+        log.warning("keyword index at %s is unusable (%s); rebuilding it", path, exc)
+        shutil.rmtree(path, ignore_errors=True)
+        return None
+
+
+def persist(index: KeywordIndex, folder: Path, name: str) -> None:
+    """Save `index` as `folder/name` atomically (a temporary folder renamed into place), then remove the
+    other revisions. A failure (disk full, read-only store) only costs the next process a rebuild."""
+    tmp = folder / f"{_TMP}{uuid.uuid4().hex}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        index.save(tmp)
+        os.rename(tmp, folder / name)  # fails if another process saved it first: theirs is as good
+    except OSError as exc:
+        if not (folder / name).is_dir():
+            log.warning("could not save the keyword index in %s: %s", folder, exc)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    prune(folder, keep=name)
+
+
+def prune(folder: Path, keep: str) -> None:
+    """Remove saved indexes other than `keep`, and abandoned half-written ones (bounded disk: one per collection)."""
+    for entry in folder.iterdir():
+        if entry.name == keep:
+            continue
+        if entry.name.startswith(_TMP):
+            try:
+                if time.time() - entry.stat().st_mtime < ABANDONED_SAVE_SECONDS:
+                    continue  # another process is saving right now
+            except OSError:
+                continue
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def _cached(key: tuple[str, str], rev: str, weights: tuple[int, int]) -> KeywordIndex | None:
     with _cache_lock:
         hit = _cache.get(key)
-        if hit and hit[0] == rev and hit[1].weights == weights:
-            return hit[1]
+    return hit[1] if hit and hit[0] == rev and hit[1].weights == weights else None
+
+
+def keyword_index(c, collection: str, col: Any) -> KeywordIndex:
+    """The index at the collection's current revision: this process's copy, else the one saved with the store
+    by any process, else built from Chroma and saved (about 4 s at 10k chunks, against ~0.3 s to load).
+
+    The first query after a write (any process) rebuilds; the saved copy is keyed by Chroma collection id,
+    revision, field weights and analyzer version, so a stale or foreign one is never used.
+    """
+    key = (c.store.location, str(col.id))
+    weights = tuple(field_weights(c.settings))
+    rev = c.store.revision(collection)
+    index = _cached(key, rev, weights)
+    if index is not None:
+        return index
+    with _cache_lock:
         build_lock = _build_locks.setdefault(key, threading.Lock())
     # One build per collection at a time: concurrent queries wait for it instead of repeating it.
     with build_lock:
-        with _cache_lock:
-            hit = _cache.get(key)
-            if hit and hit[0] == rev and hit[1].weights == weights:
-                return hit[1]
-        index = KeywordIndex(active_chunks(c, collection, col), weights)
-        with _cache_lock:
-            _cache[key] = (rev, index)
+        index = _cached(key, rev, weights)
+        if index is None:
+            index = _load_or_build(c, collection, col, rev, weights)
+            with _cache_lock:
+                _cache[key] = (rev, index)
     return index
+
+
+def _load_or_build(c, collection: str, col: Any, rev: str, weights: tuple[int, int]) -> KeywordIndex:
+    folder, name = persist_folder(c, col), _entry_name(rev, weights)
+    index = load_persisted(folder, name)
+    if index is not None and index.weights == weights:
+        return index
+    index = KeywordIndex(active_chunks(c, collection, col), weights)
+    # Saved only if no write landed while the chunks were read (a Chroma server has no read gate): a copy
+    # stamped with a revision whose content it does not hold would outlive this process.
+    if c.store.revision(collection) == rev:
+        persist(index, folder, name)
+        prune_collections(c, folder)
+    return index
+
+
+def prune_collections(c, folder: Path) -> None:
+    """Remove the saved indexes of collections that no longer exist (deleted, or replaced by `kb reindex`,
+    which fills a new Chroma collection): without this each reindex left ~20 MB behind at 10k chunks."""
+    try:
+        live = {str(getattr(col, "id", "")) for col in c.store.client.list_collections()}
+        for entry in folder.parent.iterdir():
+            if entry != folder and entry.name not in live:
+                shutil.rmtree(entry, ignore_errors=True)
+    except Exception as exc:  # best effort: a leftover only costs disk
+        log.debug("could not prune saved keyword indexes in %s: %s", folder.parent, exc)

@@ -28,6 +28,8 @@ def isolated_env(tmp_path, monkeypatch):
     home.mkdir()
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
+    # Saved keyword indexes of server-mode stores live under the user cache folder: keep them per test.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
     monkeypatch.setenv("RESEARCH_AGENT_STORE", str(tmp_path / "store"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     work = tmp_path / "work"

@@ -4,6 +4,7 @@ order in every mode with and without a reranker, and labels and refinement deriv
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,7 @@ def test_score_is_the_calibrated_probability_of_the_hit_evidence(fake_kb):
                                 per_document_cap=0)
     r = [h.metadata["retrieval"] for h in res.results]
     expected = calibration.calibrated_scores("hybrid", [x["dense"] for x in r], [x["keyword"] for x in r],
-                                             [x["fused"] for x in r])
+                                             [x["fused"] for x in r], query="cache eviction policy")
     assert _scores(res) == pytest.approx(expected, abs=1e-3)
 
 
@@ -100,13 +101,40 @@ def test_calibration_is_a_monotone_cheap_logistic_model():
     params = calibration.parameters()
     assert set(params["models"]) == set(query.QUERY_MODES)
     for model in params["models"].values():
-        assert set(model["features"]) <= set(calibration.FEATURES)
+        stacked = {f"logit_{m}" for m in model.get("stacks", ())}
+        assert set(model.get("stacks", ())) <= set(params["models"])
+        assert set(model["features"]) <= set(calibration.FEATURES) | stacked
         assert len(model["coef"]) == len(model["features"])
     # More evidence, higher probability; deeper rank, lower.
     lo = calibration.calibrated_scores("hybrid", [0.2], [1.0], [0.1])[0]
     hi = calibration.calibrated_scores("hybrid", [0.7], [20.0], [1.0])[0]
     assert 0.0 < lo < hi < 1.0
     assert calibration.descending([0.5, 0.6, 0.4, 0.45]) == [0.5, 0.5, 0.4, 0.4]
+
+
+@pytest.mark.parametrize("mode", query.QUERY_MODES)
+def test_shipped_calibration_descends_before_the_cap(mode):
+    """The shipped models themselves (not only the cap) rank a hit lower when its own evidence is weaker or
+    it sits deeper: so the cap is a guard, not what makes the list read in order."""
+    from research_agent import calibration
+
+    def p(cos, bm25, rank, q="does vitamin d reduce the risk of fractures in older adults"):
+        row = calibration.hit_features([0.8, cos], [30.0, bm25], [1.0, 0.5], q)[1]
+        row["log_rank"] = math.log(rank)
+        return calibration.probability(mode, row)
+
+    for rank in (2, 5, 10):
+        assert p(0.6, 12.0, rank) > p(0.4, 12.0, rank) or mode == "keyword"
+        assert p(0.5, 15.0, rank) > p(0.5, 5.0, rank) or mode == "semantic"
+        assert p(0.5, 10.0, rank) >= p(0.5, 10.0, rank + 1)
+
+
+def test_calibration_is_fitted_off_the_test_splits():
+    from research_agent import calibration
+
+    fitted = calibration.parameters()["fitted_on"]
+    assert fitted and not any(name.endswith("test") for name in fitted)
+    assert {name.split("-")[0] for name in fitted} == {"scifact", "nfcorpus", "cosqa"}
 
 
 def test_rerank_blend_is_position_aware_and_stays_in_scale():

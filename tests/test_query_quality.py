@@ -50,7 +50,7 @@ def test_rrf_and_convex_fusion_by_hand():
     # Convex: min-max per side over the pool, then w * dense + (1 - w) * keyword.
     pool = [Candidate("a", "", {}, dense=0.9, keyword=0.0), Candidate("b", "", {}, dense=0.5, keyword=10.0),
             Candidate("c", "", {}, dense=0.7, keyword=5.0)]
-    out = fuse_convex(pool, 0.7)
+    out = fuse_convex(pool, 0.7, adaptive=False)
     scores = {x.id: x.fused for x in out}
     assert scores == pytest.approx({"a": 0.7, "b": 0.3, "c": 0.7 * 0.5 + 0.3 * 0.5})
     assert [x.id for x in out] == ["a", "c", "b"]

@@ -39,7 +39,7 @@ class CliState:
         if self._container is None:
             from research_agent.container import build_container
 
-            self._container = build_container(self.config_file, **self.overrides())
+            self._container = build_container(self.config_file, one_shot=True, **self.overrides())
         return self._container
 
     def read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
