@@ -55,7 +55,8 @@ def test_golden_set_hit_rate_and_no_knowledge_cases(kb):
     for case in GOLDEN:
         res = discovery.discover_context(kb, case["task"], task_type=case["task_type"], max_results=5)
         scores = [r.relevance_score for r in res.recommendations]
-        assert scores == sorted(scores, reverse=True) and all(0.5 <= s <= 1.0 for s in scores)
+        assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores)
+        assert all((r.priority == "skip") == (r.relevance_score < 0.5) for r in res.recommendations)
         assert len({r.id for r in res.recommendations}) == len(res.recommendations)
         if case["expected"]:
             ranks.append(_rank(res.recommendations, set(case["expected"])))
@@ -68,8 +69,8 @@ def test_golden_set_hit_rate_and_no_knowledge_cases(kb):
     print(f"\ngolden set: n={n} hit@1={hit1:.3f} hit@3={hit3:.3f} MRR={mrr:.3f}")
     assert n >= 14 and len(empty) >= 2
     assert hit3 >= HIT_AT_3 and mrr >= MRR
-    for task, res in empty:  # nothing relevant: no recommendation, and a message that says so
-        assert res.recommendations == [] and res.total_available == 0, task
+    for task, res in empty:  # nothing relevant: no recommendation >= 0.5, and a message that says so
+        assert all(r.relevance_score < 0.5 for r in res.recommendations) and res.total_available == 0, task
         assert "No knowledge relevant" in res.message
 
 
@@ -364,17 +365,50 @@ def test_collapse_rule_prefers_parent_only_for_close_children():
              "z": node("z", "p")}
     ix = discovery.NodeIndex("k", nodes, list(nodes), None, None, {}, {"d.md": list(nodes)})
 
-    def scored(scores):
-        return [ranking.Scored(nodes[k], ix, s, 0.5, 0.0, 0.0, [], [], []) for k, s in scores.items()]
+    def scored(scores, dense=None):
+        dense = dense or {}
+        # Each child matches a word of its own, so siblings complement each other (the parent answers more).
+        return [ranking.Scored(nodes[k], ix, s, dense.get(k, 0.5), 0.0, 0.0, [], [k], []) for k, s in scores.items()]
 
     kept = ranking.collapse(scored({"p": 0.3, "x": 0.95, "y": 0.9, "z": 0.2}), 0.5, 3000)
     assert [(s.node.id, s.include_children, round(s.score, 2)) for s in kept] == [("p", True, 0.95)]
-    # One clear winner: no collapse; the children stand alone.
-    kept = ranking.collapse(scored({"p": 0.3, "x": 0.95, "y": 0.72, "z": 0.2}), 0.5, 3000)
-    assert sorted(s.node.id for s in kept) == ["p", "x", "y", "z"] and not any(s.include_children for s in kept)
+    # A runner-up the calibrated score puts far below the leader still matches when its cosine is as close.
+    kept = ranking.collapse(scored({"p": 0.3, "x": 0.9, "y": 0.45, "z": 0.2}, {"y": 0.45}), 0.5, 3000)
+    assert [(s.node.id, s.include_children, round(s.score, 2)) for s in kept] == [("p", True, 0.9)]
+    # One clear winner (the other child's cosine is far below, or its score under 0.4): no collapse.
+    for runner_up in (({"y": 0.72}, {"y": 0.3}), ({"y": 0.35}, {})):
+        scores = {"p": 0.3, "x": 0.95, "z": 0.1, **runner_up[0]}
+        kept = ranking.collapse(scored(scores, runner_up[1]), 0.5, 3000)
+        assert sorted(s.node.id for s in kept) == ["p", "x", "y", "z"] and not any(s.include_children for s in kept)
     # A parent too large to load whole is not collapsed into.
     kept = ranking.collapse(scored({"p": 0.3, "x": 0.95, "y": 0.9, "z": 0.2}), 0.5, 250)
     assert not any(s.include_children for s in kept)
+    # Two children matching the same task words are alternatives, not parts: no collapse.
+    same = scored({"p": 0.3, "x": 0.95, "y": 0.9, "z": 0.2})
+    for s in same:
+        s.matched_body = ["slack"]
+    assert not any(s.include_children for s in ranking.collapse(same, 0.5, 3000))
+
+
+def test_collapse_needs_most_of_the_parents_children():
+    """A server with 8 tools, two of which match, is two tools, not the server (issue 14: 31 of 139 top-3
+    answers on the ToolGym set were whole server files)."""
+    def node(nid, parent=None, children=(), tokens=30):
+        n = discovery.Node(collection="k", id=nid, source_document="s.md", document_title="S", header_path=nid,
+                           anchor=nid, type=None, status=None, parent_id=parent, blocked_by=[], last_checked=None,
+                           labels=[], description="")
+        n.children, n.own_tokens = list(children), tokens
+        return n
+
+    tools = [f"t{i}" for i in range(8)]
+    nodes = {"root": node("root", children=tools, tokens=20), **{t: node(t, "root") for t in tools}}
+    ix = discovery.NodeIndex("k", nodes, list(nodes), None, None, {}, {"s.md": list(nodes)})
+    scores = {"root": 0.2, "t0": 0.92, "t1": 0.88, **{t: 0.05 for t in tools[2:]}}
+    scored = [ranking.Scored(nodes[k], ix, s, 0.6, 0.0, 0.0, [], [k], []) for k, s in scores.items()]
+    ranked, listed = ranking.rank(scored, 0.5, 3000)
+    assert [s.node.id for s in listed[:2]] == ["t0", "t1"] and not any(s.include_children for s in ranked)
+    # The thin root (20 tokens, no collapse) is not listed at all.
+    assert "root" not in [s.node.id for s in ranked]
 
 
 def test_prompts_name_our_tools():

@@ -7,7 +7,8 @@ submodule. Where things live:
 - analysis.py    content words, first sentences, dates, token counts, Markdown to plain text
 - node_index.py  nodes built from a collection's chunks, cached per collection revision
 - boosts.py      task_boosts.yaml (shipped here) merged with the user's file; the boost factors
-- ranking.py     candidates, the calibrated score, prefer-the-parent, reasons and the message
+- scoring.py     the fitted probability model (features, coefficients) behind relevance_score
+- ranking.py     candidates, their evidence and score, prefer-the-parent, listing, reasons and the message
 - graph.py       get_dependencies: the blocked_by / parent-child walk
 - service.py     discover_context, retrieve_knowledge, list_knowledge_bases, search_knowledge
 - mcp_face.py    knowledge:// resources and the protocol's prompt texts (MCP only)

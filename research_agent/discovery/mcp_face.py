@@ -77,7 +77,7 @@ def task_preparation_prompt(task: str) -> str:
         "1. Call `discover_context` with the task description (and `task_type` and `current_file` when you know "
         "them) to identify relevant knowledge.\n"
         "2. Review the recommendations, their relevance scores and reasons: 0.9 or more must be loaded, 0.7-0.9 "
-        "should be loaded, 0.5-0.7 are worth considering.\n"
+        "should be loaded, 0.5-0.7 are worth considering; below 0.5 (priority skip) are alternatives only.\n"
         "3. Call `retrieve_knowledge` with the ids scoring above 0.7 (pass include_children=true for those "
         "marked include_children); mind their estimated_tokens.\n"
         "4. For a node with prerequisites, call `get_dependencies` and load what it is blocked by.\n"

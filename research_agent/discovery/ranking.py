@@ -1,21 +1,20 @@
 """Ranking: which nodes a task nominates, how each is scored, and how the list is shaped and explained.
 
-With no pretrained cross-encoder offline, the score is a calibrated logistic model over evidence we
-do have (docs/discovery.md has the long version):
+The score is a calibrated probability (scoring.py has the model and where it was fitted):
 
-    z = A * (dense - D0) + B * coverage + C * title_coverage
-    odds = exp(z) * type_boost * status_boost * recency_boost * proximity_boost
+    odds = exp(logit(evidence)) * type_boost * status_boost * recency_boost * proximity_boost
     relevance_score = odds / (1 + odds)
 
-`dense` is the best cosine between the task and the node's chunks (MiniLM: ~0.55+ for a section
-written about the task, 0.3-0.45 for the same domain, < 0.25 for unrelated text); `coverage` is the
-IDF-weighted share of the task's content words found in the node, `title_coverage` the share found
-in its title and header path. Boosts (boosts.py) multiply the odds, so they reorder and nudge but
-cannot carry an unrelated node past the 0.5 line.
+The evidence per candidate node: its best cosine to the task, its gap to the other candidates, the
+IDF-weighted share of the task's content words found in its text and in its title/header path, its
+keyword (BM25) rank and relative BM25 score, whether it is a parent, and whether it holds the task's
+rarest word. Boosts (boosts.py) multiply the odds, so they reorder and nudge but cannot carry an
+unrelated node past the 0.5 line.
 
 The stages, each a function here: nominate candidates (dense over the node index + the query
-engine's keyword candidates), score them, collapse close siblings into their parent, drop thin
-parents, sort and cut at the minimum score, then word the reasons and the message.
+engine's keyword candidates), score them, collapse complementary siblings into their parent when most
+of it matches, drop thin parents, keep parents behind their best child, sort, list down to LIST_FLOOR
+(under the minimum score: priority "skip"), then word the reasons and the message.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from research_agent.discovery import scoring
 from research_agent.discovery.analysis import surface_words, terms
 from research_agent.discovery.boosts import BoostRules, boosts_for
 from research_agent.discovery.models import Recommendation
@@ -34,17 +34,30 @@ from research_agent.discovery.node_index import Node, NodeIndex, ancestors, unit
 # The protocol's thresholds.
 MUST_LOAD, SHOULD_LOAD, CONSIDER = 0.9, 0.7, 0.5
 
-# Calibration (see the module docstring and docs/discovery.md). D0 is the cosine at which dense
-# evidence alone is a coin flip; A says how fast it moves: cos 0.60 alone gives 0.83, 0.30 gives 0.25.
-CAL_A = 9.0
-CAL_D0 = 0.42
-CAL_B = 1.5     # every content word of the task found in the node: odds x4.5
-CAL_C = 1.0     # ... and in its title/header path too: another x2.7
-# Children count as "matching equally" for the prefer-the-parent rule within this score margin.
+# The cosine above which a reason says "semantically close" (MiniLM: ~0.55+ for a section written
+# about the task, 0.3-0.45 for the same domain, < 0.25 for unrelated text).
+CLOSE_COSINE = 0.42
+# Children count as "matching equally" for the prefer-the-parent rule when their cosine is within this
+# margin of the leading child's (MiniLM: sections about the same subject differ by < 0.1, a neighbouring
+# subject by 0.15-0.3) and their score is at least COLLAPSE_MIN_SCORE, near the "consider" line (golden set:
+# "error handling and logging" gives the logging section 0.45 and collapses; "a flaky test on CI" gives the
+# fakes section 0.34 and must not); the leading child must score SHOULD_LOAD (0.7) or more.
 COLLAPSE_MARGIN = 0.1
+COLLAPSE_MIN_SCORE = 0.4
 # A parent whose own text is shorter than this (a header and an intro line) is not worth loading
 # alone: it is only recommended as a whole, when several of its children match.
 THIN_NODE_TOKENS = 40
+# "Prefer the parent" only when the close children are at least this share of all its children. Why:
+# a catalog's server file has 5-60 tool sections; two matching tools of a 20-tool server are two tools,
+# not a reason to load the server (31 of 139 top-3 answers on the ToolGym dev/test set were whole
+# servers). A curated chapter with 2 of its 3 sections matching still collapses.
+COLLAPSE_MIN_SHARE = 0.5
+# Below the recommendation line (discovery_min_score, 0.5) the best candidates are still listed, marked
+# priority "skip", down to this probability: the score is calibrated per answer, so on a 10,000-tool
+# catalog with a dozen near-duplicate servers the right tool is often listed at 0.1-0.4 behind a look-alike
+# (ToolGym dev: the right tool is in the top 10 for 23 of 26 tasks at a 0.05 floor, 20 at 0.1). Abstaining
+# means "nothing scores 0.5 or more", and the message says so; 0.05 keeps the nearly hopeless out.
+LIST_FLOOR = 0.05
 MIN_TASK_TERMS = 3
 
 
@@ -61,6 +74,8 @@ class Scored:
     factors: list[tuple[str, float]]
     include_children: bool = False
     collapsed: list[str] = field(default_factory=list)
+    features: dict[str, float] = field(default_factory=dict)  # the calibration model's row (scoring.py)
+    key_word: bool = False  # the node holds the task's rarest content word
 
 
 def priority(score: float) -> str:
@@ -74,28 +89,40 @@ def priority(score: float) -> str:
 
 
 # -- candidates ----------------------------------------------------------------------------------------
+@dataclass
+class Nominated:
+    """The nodes a task nominates: collection -> ids, and each keyword-nominated node's (rank, BM25)."""
+
+    ids: dict[str, set[str]] = field(default_factory=dict)
+    keyword: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+
+
 def candidates(c, task: str, indexes: list[NodeIndex], qvec: Any, n: int,
-               timings: dict[str, float]) -> dict[str, set[str]]:
-    """Collection -> ids of the nodes the task nominates (with their parents).
+               timings: dict[str, float]) -> Nominated:
+    """The nodes the task nominates (with their parents), and the keyword evidence of each.
 
     Hybrid: exact dense similarity over every chunk (the node index holds the vectors, so one matrix
     product replaces an approximate Chroma query and a second embedding of the task), plus the
-    keyword (BM25) candidates of the query engine.
+    keyword (BM25) candidates of the query engine; a node's keyword rank is that of its best chunk.
     """
     from research_agent.query import retrieve_candidates
 
     t = time.perf_counter()
-    out: dict[str, set[str]] = {}
+    out = Nominated()
     for ix in indexes:
         for nid in ix.top_dense(qvec, n):
-            _nominate(out, ix, nid)
+            _nominate(out.ids, ix, nid)
     timings["dense"] = (time.perf_counter() - t) * 1000
     by_col = {ix.collection: ix for ix in indexes}
     names = [ix.collection for ix in indexes]
     for cand in retrieve_candidates(c, task, names, mode="keyword", n=n, timings=timings):
         ix = by_col.get(cand.metadata.get("collection"))
-        if ix is not None:
-            _nominate(out, ix, cand.metadata.get("node_id"))
+        nid = cand.metadata.get("node_id")
+        if ix is not None and nid in ix.nodes:
+            _nominate(out.ids, ix, nid)
+            key = (ix.collection, nid)
+            if key not in out.keyword:
+                out.keyword[key] = (len(out.keyword) + 1, float(cand.keyword or 0.0))
     return out
 
 
@@ -136,38 +163,58 @@ def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
     return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task))
 
 
-def score_nodes(c, task: str, indexes: list[NodeIndex], candidate_ids: dict[str, set[str]],
+def score_nodes(c, task: str, indexes: list[NodeIndex], nominated: Nominated,
                 qvec: Any, task_type: str | None, current_file: str | None) -> list[Scored]:
-    """Every candidate node scored by the calibrated model (module docstring), with its evidence."""
+    """Every candidate node scored by the calibrated model (scoring.py) times its boosts, with its evidence."""
     words = _task_words(task, indexes)
     newest = max((ix.newest_checked for ix in indexes if ix.newest_checked), default=None)
     rules = BoostRules(boosts_for(c), task_type, current_file, newest)
     q = unit(qvec)
     out: list[Scored] = []
     for ix in indexes:
-        for nid in candidate_ids.get(ix.collection, set()):
+        for nid in nominated.ids.get(ix.collection, set()):
             node = ix.nodes.get(nid)
             if node is not None and node.rows:
-                out.append(_score_node(ix, node, q, words, rules))
+                out.append(_evidence(ix, node, q, words, rules))
+    calibrate(out, nominated.keyword)
     return out
 
 
-def _score_node(ix: NodeIndex, node: Node, q: Any, words: _TaskWords, rules: BoostRules) -> Scored:
+def _evidence(ix: NodeIndex, node: Node, q: Any, words: _TaskWords, rules: BoostRules) -> Scored:
+    """One node's own evidence (cosine, word coverage, boosts); the score comes from calibrate()."""
     dense = float((ix.matrix[node.rows] @ q).max())
     hit_body = [t for t in words.terms if t in node.terms]
     hit_title = [t for t in words.terms if t in node.title_terms]
     coverage = sum(words.weight[t] for t in hit_body) / words.total_weight
     title_cov = sum(words.weight[t] for t in hit_title) / words.total_weight
-    z = CAL_A * (dense - CAL_D0) + CAL_B * coverage + CAL_C * title_cov
-    factors = rules.factors(node)
-    for _, b in factors:
-        z += math.log(max(b, 1e-6))
-    score = 1.0 / (1.0 + math.exp(-z))
     surface = words.surface
-    return Scored(node, ix, score, dense, coverage, title_cov,
+    key = max(words.terms, key=lambda t: words.weight[t], default=None)
+    return Scored(node, ix, 0.0, dense, coverage, title_cov,
                   [surface.get(t, t) for t in hit_title],
                   [surface.get(t, t) for t in sorted(hit_body, key=lambda t: -words.weight[t])],
-                  factors)
+                  rules.factors(node), key_word=key is not None and key in node.terms)
+
+
+def feature_rows(scored: list[Scored], keyword: dict[tuple[str, str], tuple[int, float]]) -> list[dict[str, float]]:
+    """The model's feature row (scoring.FEATURES) of each candidate; set-level features read all of them."""
+    margins = scoring.margins([s.dense for s in scored])
+    top_bm25 = max((bm for _, bm in keyword.values()), default=0.0)
+    rows = []
+    for s, margin in zip(scored, margins):
+        rank, bm25 = keyword.get((s.index.collection, s.node.id), (0, 0.0))
+        rows.append({"dense": s.dense, "dense_margin": margin, "coverage": s.coverage,
+                     "title_coverage": s.title_coverage, "kw_rr": 1.0 / rank if rank else 0.0,
+                     "kw_rel": bm25 / top_bm25 if top_bm25 > 0 else 0.0,
+                     "parent": 1.0 if s.node.children else 0.0, "key_word": 1.0 if s.key_word else 0.0})
+    return rows
+
+
+def calibrate(scored: list[Scored], keyword: dict[tuple[str, str], tuple[int, float]]) -> None:
+    """Set each candidate's score: the fitted probability, its odds multiplied by the node's boosts."""
+    for s, row in zip(scored, feature_rows(scored, keyword)):
+        s.features = row
+        z = scoring.logit(row) + sum(math.log(max(b, 1e-6)) for _, b in s.factors)
+        s.score = scoring.sigmoid(z)
 
 
 # -- shaping the list -------------------------------------------------------------------------------------
@@ -194,15 +241,25 @@ def collapse(scored: list[Scored], min_score: float, max_tokens: int) -> list[Sc
 
 
 def _absorb(parent: Scored, kids: list[Scored], min_score: float, max_tokens: int) -> bool:
-    """Make `parent` stand for its close children when two or more match and it is small enough to load."""
+    """Make `parent` stand for its close children: two or more, most of its children, and small enough to load.
+
+    "Close" is judged on the evidence, not the score: the calibrated score puts every runner-up well
+    below the leader (its gap to the leader is a feature), so a second section the task names just as
+    well ("error handling and logging": 0.88 and 0.45, cosines 0.67 and 0.60) would never look close.
+    A close sibling must also match a task word the leader does not: the parent is worth loading when
+    its sections answer different parts of the task, not when two tools of one server both say "Slack".
+    """
     if len(kids) < 2:
         return False
-    best = max(k.score for k in kids)
-    close = [k for k in kids if k.score >= max(SHOULD_LOAD, min_score, best - COLLAPSE_MARGIN)]
-    size = sum(n.own_tokens for n in parent.index.subtree(parent.node.id))
-    if len(close) < 2 or size > max_tokens:
+    lead = max(kids, key=lambda k: k.score)
+    if lead.score < max(SHOULD_LOAD, min_score):
         return False
-    parent.score = max(parent.score, best)
+    close = [lead] + [k for k in kids if k is not lead and _complements(k, lead)]
+    size = sum(n.own_tokens for n in parent.index.subtree(parent.node.id))
+    share = len(close) / max(len(parent.node.children), 1)
+    if len(close) < 2 or share < COLLAPSE_MIN_SHARE or size > max_tokens:
+        return False
+    parent.score = max(parent.score, lead.score)
     parent.include_children = True
     parent.collapsed = [k.node.title for k in sorted(close, key=lambda k: -k.score)]
     for k in close:
@@ -211,12 +268,45 @@ def _absorb(parent: Scored, kids: list[Scored], min_score: float, max_tokens: in
     return True
 
 
+def _complements(kid: Scored, lead: Scored) -> bool:
+    """`kid` matches about as well as the leading sibling and covers a task word the leader does not."""
+    if kid.score < COLLAPSE_MIN_SCORE or kid.dense < lead.dense - COLLAPSE_MARGIN:
+        return False
+    return bool(set(kid.matched_title + kid.matched_body) - set(lead.matched_title + lead.matched_body))
+
+
+def _behind_children(scored: list[Scored]) -> None:
+    """A parent recommended alone never scores above its best-scoring child.
+
+    Why: alone (include_children false) a parent is its own text only, a file's title and intro; when a
+    section of it matches the task, that section is the answer. A catalog's server intro ("post messages
+    to Slack channels") otherwise outranked the very tool it describes (ToolGym: 31 of 139 top-3 answers
+    were server files). Ties go to the child (rank's sort key).
+    """
+    best: dict[tuple[str, str], float] = {}
+    for s in scored:
+        if s.node.parent_id:
+            key = (s.index.collection, s.node.parent_id)
+            best[key] = max(best.get(key, 0.0), s.score)
+    for s in scored:
+        kid = best.get((s.index.collection, s.node.id))
+        if kid is not None and not s.include_children and s.score > kid:
+            s.score = kid
+
+
 def rank(scored: list[Scored], min_score: float, collapse_max_tokens: int) -> tuple[list[Scored], list[Scored]]:
-    """(every node left after collapsing and dropping thin parents, best first; those scoring min_score+)."""
+    """(every node left after collapsing and dropping thin parents, best first; those worth listing).
+
+    Listed: the nodes scoring LIST_FLOOR or more (or min_score, when it is set lower); those under
+    min_score carry priority "skip" and do not count as available recommendations.
+    """
     scored = collapse(scored, min_score, collapse_max_tokens)
     scored = [x for x in scored if x.include_children or not x.node.children or x.node.own_tokens >= THIN_NODE_TOKENS]
-    scored.sort(key=lambda x: (-x.score, x.node.source_document, x.node.id))
-    return scored, [x for x in scored if x.score >= min_score]
+    _behind_children(scored)
+    scored.sort(key=lambda x: (-x.score, bool(x.node.children) and not x.include_children,
+                               x.node.source_document, x.node.id))
+    floor = min(LIST_FLOOR, min_score)
+    return scored, [x for x in scored if x.score >= floor]
 
 
 # -- explaining -----------------------------------------------------------------------------------------
@@ -229,7 +319,7 @@ def reason(s: Scored) -> str:
         parts.append("title matches " + ", ".join(f"'{w}'" for w in s.matched_title[:4]))
     elif s.matched_body:
         parts.append("content mentions " + ", ".join(f"'{w}'" for w in s.matched_body[:4]))
-    if not s.matched_title and (s.dense >= CAL_D0 or not s.matched_body):
+    if not s.matched_title and (s.dense >= CLOSE_COSINE or not s.matched_body):
         parts.append(f"semantically close (cosine {s.dense:.2f})")
     # The header path, led by the document title unless the top header repeats it.
     location = " > ".join(dict.fromkeys(p for p in (s.node.document_title, *s.node.header_path.split(" > ")) if p))
@@ -270,14 +360,20 @@ def recommendations(relevant: list[Scored], indexes: list[NodeIndex], max_result
 
 def message(recs: list[Recommendation], scored: list[Scored], min_score: float) -> str:
     """What the caller should do next: which bands to load and how many tokens, or that nothing matched."""
-    if not recs:
+    above = [r for r in recs if r.relevance_score >= min_score]
+    if not above:
         best = max((x.score for x in scored), default=0.0)
-        return (f"No knowledge relevant to this task was found (best match scored {best:.2f} < {min_score:g}). "
-                "Proceed without loaded context, or try search_knowledge with the terms your documents use.")
-    bands = Counter(r.priority for r in recs)
+        listed = (f" The {len(recs)} closest nodes are listed with priority 'skip' (each under {min_score:g}: "
+                  "probably not what the task needs)." if recs else "")
+        return (f"No knowledge relevant to this task was found (best match scored {best:.2f} < {min_score:g})."
+                f"{listed} Proceed without loaded context, or try search_knowledge with the terms your "
+                "documents use.")
+    bands = Counter(r.priority for r in above)
     said = [f"{bands[k]} {label}" for k, label in (("must_load", "must load (>= 0.9)"),
                                                    ("should_load", "should load (0.7-0.9)"),
                                                    ("consider", "to consider (0.5-0.7)")) if bands[k]]
-    tokens = sum(r.estimated_tokens for r in recs if r.priority != "consider")
+    if len(recs) > len(above):
+        said.append(f"{len(recs) - len(above)} less likely (skip, < {min_score:g})")
+    tokens = sum(r.estimated_tokens for r in above if r.priority not in ("consider", "skip"))
     return (f"{', '.join(said)}. Call retrieve_knowledge with the ids scoring 0.7 or more "
             f"(about {tokens} tokens); pass include_children=true for recommendations marked include_children.")

@@ -48,7 +48,13 @@ def _validate_task_type(task_type: str | None) -> str | None:
 def discover_context(c, task_description: str, *, task_type: str | None = None, current_file: str | None = None,
                      max_results: int = 5, collections: list[str] | None = None,
                      project: str | None = None) -> DiscoveryResult:
-    """A ranked, explained reading list of knowledge nodes for a task (scores 0..1, < 0.5 left out)."""
+    """A ranked, explained reading list of knowledge nodes for a task.
+
+    Scores are calibrated probabilities (ranking.py, scoring.py). Nodes scoring discovery_min_score (0.5)
+    or more are the recommendations (total_available counts them); the list is filled up to max_results
+    with the next best down to ranking.LIST_FLOOR, marked priority "skip". Nothing at 0.5 or more is the
+    abstention, and the message says so.
+    """
     from research_agent.query import resolve_collections
 
     s = c.settings
@@ -65,15 +71,15 @@ def discover_context(c, task_description: str, *, task_type: str | None = None, 
     t = time.perf_counter()
     qvec = unit(c.embedder.embed_query(task))
     timings["embed"] = (time.perf_counter() - t) * 1000
-    candidate_ids = ranking.candidates(c, task, indexes, qvec, s.discovery_candidates, timings)
+    nominated = ranking.candidates(c, task, indexes, qvec, s.discovery_candidates, timings)
     t = time.perf_counter()
-    scored = ranking.score_nodes(c, task, indexes, candidate_ids, qvec, task_type, current_file)
+    scored = ranking.score_nodes(c, task, indexes, nominated, qvec, task_type, current_file)
     min_score = s.discovery_min_score
-    scored, relevant = ranking.rank(scored, min_score, s.discovery_collapse_max_tokens)
-    recs = ranking.recommendations(relevant, indexes, max_results)
+    scored, listed = ranking.rank(scored, min_score, s.discovery_collapse_max_tokens)
+    recs = ranking.recommendations(listed, indexes, max_results)
     timings["score"] = (time.perf_counter() - t) * 1000
     timings["total"] = (time.perf_counter() - t0) * 1000
-    return DiscoveryResult(recommendations=recs, total_available=len(relevant),
+    return DiscoveryResult(recommendations=recs, total_available=sum(1 for x in listed if x.score >= min_score),
                            message=ranking.message(recs, scored, min_score), task_type=task_type, collections=names,
                            timings_ms={k: round(v, 1) for k, v in timings.items()})
 

@@ -15,8 +15,9 @@ from research_agent.mcp.params import TaskType
 
 DISCOVER = Tool("Before starting a coding task, ask what knowledge you need: returns ranked recommendations of "
                 "knowledge nodes ({id, path, title, type, relevance_score, reason, estimated_tokens}) and "
-                "total_available. Scores: >= 0.9 must load, 0.7-0.9 should load, 0.5-0.7 consider; below 0.5 is "
-                "left out, so an empty list means nothing relevant is known (see `message`). Load the ids with "
+                "total_available. relevance_score is the probability the node is what the task needs: >= 0.9 must "
+                "load, 0.7-0.9 should load, 0.5-0.7 consider, below 0.5 listed as 'skip' alternatives; no "
+                "recommendation >= 0.5 means nothing relevant is known (see `message`). Load the ids with "
                 "retrieve_knowledge. Read-only.",
                 title="Discover context for a task", read_only=True, destructive=False, idempotent=True)
 

@@ -1,0 +1,169 @@
+"""Fit discovery's calibrated score (research_agent/discovery/scoring.py) on the ToolGym dev tasks + the golden set.
+
+Usage: .venv/bin/python benchmarks/fit_discovery.py [--write]
+
+For every task, the candidate nodes discovery scores (before prefer-the-parent) are dumped with their
+feature rows (ranking.feature_rows) and a label: the node is a correct tool of the task (ToolGym dev split
+of benchmarks/toolgym_tasks.jsonl, on the store benchmarks/toolgym.py ingested) or an expected node of
+the golden set (tests/fixtures/knowledge/golden.yaml, ingested here into a temporary store). A logistic
+regression with the node's boosts as an offset (the boosts multiply the odds at run time, so the fit must
+see them) is fitted by Newton steps with a small L2 penalty; each set's rows sum to the same weight, so
+the 30-node curated set counts as much as the 10,000-node catalog. The test split is never read.
+Prints the coefficients, the candidate recall and the ECE/hit@1 of each set ranked by the new score;
+--write replaces the fitted block of scoring.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import toolgym  # noqa: E402
+
+from research_agent.discovery import ranking, scoring  # noqa: E402
+
+GOLDEN_DIR = ROOT / "tests" / "fixtures" / "knowledge"
+#: L2 penalty on the coefficients (not the intercept): keeps a feature that barely moves the likelihood
+#: near 0 instead of at a large value fitted to a handful of tasks.
+L2 = 1.0
+SCORING = ROOT / "research_agent" / "discovery" / "scoring.py"
+
+
+def candidates_for(c, task: str, collections: list[str], task_type: str | None) -> list[ranking.Scored]:
+    """The scored candidates of one task, exactly as discover_context computes them (before collapsing)."""
+    from research_agent.discovery.node_index import node_index, unit
+
+    indexes = [node_index(c, name) for name in collections]
+    qvec = unit(c.embedder.embed_query(task))
+    nominated = ranking.candidates(c, task, indexes, qvec, c.settings.discovery_candidates, {})
+    return ranking.score_nodes(c, task, indexes, nominated, qvec, task_type, None)
+
+
+def offset(s: ranking.Scored) -> float:
+    return sum(math.log(max(b, 1e-6)) for _, b in s.factors)
+
+
+def catalog_rows(store: Path, split: str) -> list[dict]:
+    from research_agent.container import build_container
+
+    catalog = toolgym.Catalog.load(toolgym.WORK / "catalog")
+    tasks = [t for t in toolgym.load_tasks() if t.get("split") == split]
+    c = build_container(store=str(store))
+    rows = []
+    try:
+        for i, t in enumerate(tasks):
+            for s in candidates_for(c, t["task"], [toolgym.COLLECTION], None):
+                label = catalog.pair(s.node.source_document, s.node.title) in t["relevant_set"]
+                rows.append({"set": "toolgym", "task": i, "y": int(label), "offset": offset(s), **s.features})
+    finally:
+        c.close()
+    return rows
+
+
+def golden_rows() -> list[dict]:
+    import yaml
+
+    from research_agent import ingest
+    from research_agent.catalog import collections
+    from research_agent.container import build_container
+
+    tasks = yaml.safe_load((GOLDEN_DIR / "golden.yaml").read_text(encoding="utf-8"))["tasks"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        c = build_container(store=str(Path(tmp) / "store"))
+        try:
+            collections.create_collection(c, "knowledge", type="fundamental")
+            ingest.ingest_path(c, GOLDEN_DIR, "knowledge", recursive=True, include=["*.md"])
+            for i, t in enumerate(tasks):
+                for s in candidates_for(c, t["task"], ["knowledge"], t.get("task_type")):
+                    rows.append({"set": "golden", "task": i, "y": int(s.node.id in (t["expected"] or [])),
+                                 "offset": offset(s), **s.features})
+        finally:
+            c.close()
+    return rows
+
+
+def fit(rows: list[dict]) -> tuple[float, np.ndarray]:
+    """Weighted L2-penalised logistic regression with an offset, by Newton's method (a few iterations)."""
+    X = np.array([[r[f] for f in scoring.FEATURES] for r in rows], dtype=float)
+    X = np.hstack([np.ones((len(X), 1)), X])
+    y = np.array([r["y"] for r in rows], dtype=float)
+    off = np.array([r["offset"] for r in rows], dtype=float)
+    sets = [r["set"] for r in rows]
+    count = {s: sets.count(s) for s in set(sets)}
+    w = np.array([len(rows) / (len(count) * count[s]) for s in sets])
+    beta = np.zeros(X.shape[1])
+    penalty = np.diag([0.0] + [L2] * (X.shape[1] - 1))
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-(X @ beta + off)))
+        grad = X.T @ (w * (p - y)) + penalty @ beta
+        hess = (X * (w * p * (1 - p))[:, None]).T @ X + penalty
+        step = np.linalg.solve(hess, grad)
+        beta -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return float(beta[0]), beta[1:]
+
+
+def report(rows: list[dict], intercept: float, coef: np.ndarray) -> dict:
+    """Per set: candidate recall, hit@1 and ECE of the top 10 by the fitted score (no collapsing)."""
+    out = {}
+    for name in sorted({r["set"] for r in rows}):
+        mine = [r for r in rows if r["set"] == name]
+        for r in mine:
+            z = intercept + sum(cf * r[f] for f, cf in zip(scoring.FEATURES, coef)) + r["offset"]
+            r["p"] = 1 / (1 + math.exp(-z))
+        by_task: dict[int, list[dict]] = {}
+        for r in mine:
+            by_task.setdefault(r["task"], []).append(r)
+        real = [t for t in by_task.values() if any(r["y"] for r in t)]
+        top = [sorted(t, key=lambda r: -r["p"])[:10] for t in by_task.values()]
+        out[name] = {"tasks": len(by_task), "with_a_right_candidate": len(real),
+                     "hit@1": sum(1 for t in top if t[0]["y"]) / max(len(real), 1),
+                     "ece_top10": toolgym.ece([(r["p"], bool(r["y"])) for t in top for r in t])}
+    return out
+
+
+def write_block(intercept: float, coef: np.ndarray) -> None:
+    text = SCORING.read_text(encoding="utf-8")
+    pairs = "".join(f'    "{f}": {c:.3f},\n' for f, c in zip(scoring.FEATURES, coef))
+    block = f"INTERCEPT = {intercept:.3f}\nCOEF = {{\n{pairs}}}\n"
+    text = re.sub(r"INTERCEPT = .*?\}\n", lambda _: block, text, count=1, flags=re.S)
+    SCORING.write_text(text, encoding="utf-8")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--store", type=Path, default=toolgym.WORK / "store")
+    ap.add_argument("--write", action="store_true", help="write the fitted block into scoring.py")
+    ap.add_argument("--rows", type=Path, default=toolgym.WORK / "fit_rows.json")
+    ap.add_argument("--reuse", action="store_true", help="reuse the dumped rows of an earlier run")
+    args = ap.parse_args()
+    if args.reuse and args.rows.is_file():
+        rows = json.loads(args.rows.read_text())
+    else:
+        rows = catalog_rows(args.store, "dev") + golden_rows()
+        args.rows.write_text(json.dumps(rows))
+    intercept, coef = fit(rows)
+    print(json.dumps({"intercept": round(intercept, 3),
+                      "coef": {f: round(float(c), 3) for f, c in zip(scoring.FEATURES, coef)},
+                      "sets": report(rows, intercept, coef)}, indent=1))
+    if args.write:
+        write_block(intercept, coef)
+
+
+if __name__ == "__main__":
+    main()
