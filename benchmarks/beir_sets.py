@@ -6,7 +6,7 @@ Usage: .venv/bin/python benchmarks/beir_sets.py [--sets scifact,nfcorpus,cosqa] 
 Sets (in ../shared/data by default; see its README): SciFact (BM25 strong), NFCorpus (both weak), CoSQA
 (code search, dense far ahead; each function ingested as a .py file, as a user's code would be). Each store
 is built once under benchmarks/.cache/<set>/<embedding model>/ and reused. Scores come from the same code
-as `research-agent eval` (research_agent.evaluation.evaluate), every mode in the same run.
+as `research-agent eval` (research_agent.search.evaluation.evaluate), every mode in the same run.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def open_set(name: str, data_root: Path):
     """(container, data folder) with the set's corpus ingested into its cached store."""
     from research_agent.catalog import collections
     from research_agent.container import build_container
-    from research_agent.evaluation import ingest_beir_corpus
+    from research_agent.search.evaluation import ingest_beir_corpus
 
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", build_container().settings.embedding_model)
     c = build_container(store=str(CACHE / name / model))
@@ -67,8 +67,8 @@ def split_files(name: str, split: str, data_root: Path) -> tuple[Path, Path]:
 
 
 def evaluate_set(name: str, data_root: Path, modes: list[str], limit: int | None) -> dict:
-    from research_agent.evaluation import evaluate
-    from research_agent.query import query_knowledge
+    from research_agent.search.evaluation import evaluate
+    from research_agent.search.service import query_knowledge
 
     c, data = open_set(name, data_root)
     query_knowledge(c, "warm up", collections=[name], rerank=False)

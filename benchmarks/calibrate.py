@@ -1,4 +1,4 @@
-"""Fit the relevance calibration (research_agent/calibration.json) and report how well it is calibrated.
+"""Fit the relevance calibration (research_agent/search/calibration.json) and report how well it is calibrated.
 
 Usage: .venv/bin/python benchmarks/calibrate.py [--fit] [--chart benchmarks/reliability.png]
 
@@ -6,7 +6,7 @@ Needs the candidate pools of benchmarks/fusion_study.py (`dump scifact train`, `
 `dump nfcorpus dev`, `dump cosqa dev`, and the test pools `dump scifact test`, `dump nfcorpus test`,
 `dump cosqa test`). With --fit, a logistic regression per query mode is fitted on the train/dev pools
 (FIT_POOLS; each collection weighted equally; target: the hit's document is judged relevant) and written to
-research_agent/calibration.json; the test splits are never fitted on. Every run reports the expected
+research_agent/search/calibration.json; the test splits are never fitted on. Every run reports the expected
 calibration error (10 equal-width bins) of the top-10 hits per query, with the per-document cap of 3 a query
 applies by default, on each test pool, per mode, and how low judged-relevant hits score.
 """
@@ -25,8 +25,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from fusion_study import load as load_pool, pool_arrays  # noqa: E402
-
-from research_agent import calibration  # noqa: E402
+from research_agent.search import calibration  # noqa: E402
 
 MODES = ("semantic", "keyword", "hybrid")
 #: Chosen on the dev pools among variants that pass the right-answer / off-topic tests of
@@ -53,8 +52,7 @@ FIT_MIN_GRADE = int(__import__("os").environ.get("CALIBRATION_MIN_GRADE", "1"))
 def load(name: str, split: str) -> list[dict]:
     """A candidate pool with each record's query text (the calibration reads the query's length)."""
     from beir_sets import split_files
-
-    from research_agent.evaluation import read_queries
+    from research_agent.search.evaluation import read_queries
 
     queries = read_queries(split_files(name, split, ROOT.parent / "shared" / "data")[0])
     return [dict(r, query=queries.get(r["qid"], "")) for r in load_pool(name, split)]
@@ -62,7 +60,7 @@ def load(name: str, split: str) -> list[dict]:
 
 def fused_order(rec: dict, mode: str):
     """(docs, dense, keyword, fused) of the top hits as query_knowledge returns them (cap per document)."""
-    from research_agent.query import fusion_scores
+    from research_agent.search.retrieve import fusion_scores
 
     docs, d, k = pool_arrays(rec)
     f = d if mode == "semantic" else k if mode == "keyword" else np.asarray(fusion_scores(list(d), list(k)))
@@ -154,8 +152,11 @@ def reliability(curves: dict, path: Path) -> None:
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("Calibration of relevance_score on test splits, top-10 hits; fitted on SciFact train, NFCorpus train+dev, "
-                 "CoSQA dev", fontsize=9)
+    fig.suptitle(
+        "Calibration of relevance_score on test splits, top-10 hits; fitted on SciFact train, NFCorpus train+dev, "
+        "CoSQA dev",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -165,15 +166,20 @@ def main() -> int:
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--chart", default=None)
     args = ap.parse_args()
-    target = ROOT / "research_agent" / "calibration.json"
+    target = ROOT / "research_agent" / "search" / "calibration.json"
     if args.fit:
         train = {p: load(*p.split("-")) for p in FIT_POOLS}
-        params = {"about": "Logistic calibration of relevance_score per query mode; fitted by benchmarks/calibrate.py "
-                           "on SciFact train (BEIR rules, CC BY-NC 2.0), NFCorpus train+dev (BEIR, CC BY-SA 4.0) and "
-                           "CoSQA dev (CoCLR, C-UDA) judgments, collection weights " + json.dumps(SET_WEIGHT) + " (others 1); top-10 hits, "
-                           "per-document cap 3, target: the hit's document is judged with grade >= "
-                           f"{FIT_MIN_GRADE}. Never fitted on a test split.",
-                  "fitted_on": {p: len(recs) for p, recs in train.items()}, "models": fit(train)}
+        params = {
+            "about": "Logistic calibration of relevance_score per query mode; fitted by benchmarks/calibrate.py "
+            "on SciFact train (BEIR rules, CC BY-NC 2.0), NFCorpus train+dev (BEIR, CC BY-SA 4.0) and "
+            "CoSQA dev (CoCLR, C-UDA) judgments, collection weights "
+            + json.dumps(SET_WEIGHT)
+            + " (others 1); top-10 hits, "
+            "per-document cap 3, target: the hit's document is judged with grade >= "
+            f"{FIT_MIN_GRADE}. Never fitted on a test split.",
+            "fitted_on": {p: len(recs) for p, recs in train.items()},
+            "models": fit(train),
+        }
         target.write_text(json.dumps(params, indent=1) + "\n")
         calibration.parameters.cache_clear()
     params = json.loads(target.read_text())

@@ -67,7 +67,6 @@ def ensure_store(chunks: int) -> None:
 def build_store(chunks: int) -> None:
     """Ingest `chunks` one-chunk documents (query_latency's corpus and cached vectors)."""
     from query_latency import CachedEmbeddingContainer, corpus
-
     from research_agent.catalog import collections
     from research_agent.catalog.collections import open_collection
     from research_agent.container import build_container
@@ -122,7 +121,7 @@ def stages(store: str, query: str, variant: str = "") -> dict[str, float]:
     lap("cli imports")
     from research_agent.catalog.collections import open_collection
     from research_agent.container import build_container
-    from research_agent.keyword import keyword_index
+    from research_agent.search.keyword_index import keyword_index
 
     c = build_container(store=store)
     with c.store.session():
@@ -140,7 +139,7 @@ def stages(store: str, query: str, variant: str = "") -> dict[str, float]:
             rerank.NUMPY_RERANKER = variant == "numpy"
             assert c.reranker.load(), c.reranker.error
             lap("reranker load")
-        from research_agent.query import query_knowledge
+        from research_agent.search.service import query_knowledge
 
         result = query_knowledge(c, query, collections=[COLLECTION])
         lap("search")

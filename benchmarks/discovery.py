@@ -133,17 +133,26 @@ def run(work: Path, args: argparse.Namespace) -> dict:
     discovery.get_dependencies(c, "kb0000.s8", direction="both", depth=3)
     deps_ms = (time.perf_counter() - t) * 1000
     row = {
-        "nodes": made, "chunks": info.chunk_count, "files": info.document_count,
-        "chunks_embedded_this_run": report.chunks_written, "ingest_s": round(ingest_s, 1),
-        "index_build_s": round(index_build_s, 2), "queries": len(lat),
-        "discover_p50_ms": round(pct(lat, 50), 1), "discover_p95_ms": round(pct(lat, 95), 1),
+        "nodes": made,
+        "chunks": info.chunk_count,
+        "files": info.document_count,
+        "chunks_embedded_this_run": report.chunks_written,
+        "ingest_s": round(ingest_s, 1),
+        "index_build_s": round(index_build_s, 2),
+        "queries": len(lat),
+        "discover_p50_ms": round(pct(lat, 50), 1),
+        "discover_p95_ms": round(pct(lat, 95), 1),
         "discover_max_ms": round(max(lat), 1),
         # Wall time minus the task embedding: what discovery itself costs, whatever the CPU contention.
-        "discover_without_embed_p95_ms": round(pct([t - st for t, st in zip(lat, stages.get("embed", [0] * len(lat)))], 95), 1),
+        "discover_without_embed_p95_ms": round(
+            pct([t - st for t, st in zip(lat, stages.get("embed", [0] * len(lat)))], 95), 1
+        ),
         "discover_cpu_p95_ms": round(pct(cpu, 95), 1),
         "stage_p50_ms": {k: round(statistics.median(v), 1) for k, v in stages.items()},
-        "retrieve_5_with_children_ms": round(retrieve_ms, 1), "retrieve_tokens": got.total_tokens,
-        "dependencies_depth3_ms": round(deps_ms, 1), "load_avg": round(os.getloadavg()[0], 2),
+        "retrieve_5_with_children_ms": round(retrieve_ms, 1),
+        "retrieve_tokens": got.total_tokens,
+        "dependencies_depth3_ms": round(deps_ms, 1),
+        "load_avg": round(os.getloadavg()[0], 2),
         "target_p95_ms": 500,
     }
     c.close()

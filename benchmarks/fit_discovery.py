@@ -8,7 +8,9 @@ of benchmarks/toolgym_tasks.jsonl, on the store benchmarks/toolgym.py ingested) 
 the golden set (tests/fixtures/knowledge/golden.yaml, ingested here into a temporary store). A logistic
 regression with the node's boosts as an offset (the boosts multiply the odds at run time, so the fit must
 see them) is fitted by Newton steps with a small L2 penalty; each set's rows sum to the same weight, so
-the 30-node curated set counts as much as the 10,000-node catalog. The test split is never read.
+the 30-node curated set counts as much as the 10,000-node catalog. The test split is never read. The golden
+store also holds a generated word-salad file, and the golden rows add GENERIC_TASKS and SALAD_TASKS as
+no-match tasks (issue 14: they teach `thin_task` and `breadth`; tests/test_discovery.py checks other ones).
 Prints the coefficients, the candidate recall and the ECE/hit@1 of each set ranked by the new score;
 --write replaces the fitted block of scoring.py.
 """
@@ -20,6 +22,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +35,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import toolgym  # noqa: E402
-
 from research_agent.discovery import ranking, scoring  # noqa: E402
 
 GOLDEN_DIR = ROOT / "tests" / "fixtures" / "knowledge"
@@ -40,6 +42,16 @@ GOLDEN_DIR = ROOT / "tests" / "fixtures" / "knowledge"
 #: near 0 instead of at a large value fitted to a handful of tasks.
 L2 = 1.0
 SCORING = ROOT / "research_agent" / "discovery" / "scoring.py"
+#: Extra no-match rows for the golden set (issue 14), none of them in the tests: generic tasks of one or two
+#: content words (the knowledge base must not recommend anything for them; they teach `thin_task`) ...
+GENERIC_TASKS = [("clean it up", "refactor"), ("check the logs", "debug"), ("make it faster", None),
+                 ("review this", "review"), ("write the tests", "test"), ("improve the code", "refactor")]
+#: ... and unrelated tasks whose words all sit in one generated word-salad file (SALAD_WORDS common words
+#: of the knowledge base plus the tasks' own words): a node that contains every word answers none (`breadth`).
+SALAD_TASKS = ["Repair the leaking kitchen faucet washer", "Book a flight from Lisbon to Oslo in March",
+               "Train a sheepdog to herd geese on the farm", "Compose a violin sonata in D minor",
+               "Measure rainfall with a homemade pluviometer", "Knit a wool scarf with a cable pattern"]
+SALAD_WORDS = 1500
 
 
 def candidates_for(c, task: str, collections: list[str], task_type: str | None) -> list[ranking.Scored]:
@@ -73,6 +85,18 @@ def catalog_rows(store: Path, split: str) -> list[dict]:
     return rows
 
 
+def salad(tasks: list[str], seed: int = 3) -> str:
+    """SALAD_WORDS words drawn from the golden knowledge base's vocabulary plus every word of `tasks`, shuffled."""
+    import random
+
+    vocab = sorted({w.lower() for f in sorted(GOLDEN_DIR.rglob("*.md"))
+                    for w in re.findall(r"[A-Za-z]{3,}", f.read_text(encoding="utf-8"))})
+    rng = random.Random(seed)
+    words = [rng.choice(vocab) for _ in range(SALAD_WORDS)] + [w for t in tasks for w in re.findall(r"[A-Za-z]{3,}", t)]
+    rng.shuffle(words)
+    return "# Notes\n\n" + "\n".join(" ".join(words[i:i + 15]) + "." for i in range(0, len(words), 15)) + "\n"
+
+
 def golden_rows() -> list[dict]:
     import yaml
 
@@ -86,8 +110,13 @@ def golden_rows() -> list[dict]:
         c = build_container(store=str(Path(tmp) / "store"))
         try:
             collections.create_collection(c, "knowledge", type="fundamental")
-            ingest.ingest_path(c, GOLDEN_DIR, "knowledge", recursive=True, include=["*.md"])
-            for i, t in enumerate(tasks):
+            kb = Path(tmp) / "kb"
+            shutil.copytree(GOLDEN_DIR, kb)
+            (kb / "salad.md").write_text(salad(SALAD_TASKS), encoding="utf-8")
+            ingest.ingest_path(c, kb, "knowledge", recursive=True, include=["*.md"])
+            extra = [{"task": task, "task_type": tt, "expected": []} for task, tt in GENERIC_TASKS]
+            extra += [{"task": task, "task_type": None, "expected": []} for task in SALAD_TASKS]
+            for i, t in enumerate(tasks + extra):
                 for s in candidates_for(c, t["task"], ["knowledge"], t.get("task_type")):
                     rows.append({"set": "golden", "task": i, "y": int(s.node.id in (t["expected"] or [])),
                                  "offset": offset(s), **s.features})

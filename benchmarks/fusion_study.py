@@ -5,12 +5,12 @@ Usage: .venv/bin/python benchmarks/fusion_study.py dump SET SPLIT   # e.g. dump 
        .venv/bin/python benchmarks/fusion_study.py fit               # the adaptive weight, on train/dev pools only
        .venv/bin/python benchmarks/fusion_study.py chart             # beir_sets.png from the test pools
 
-`dump` runs the hybrid retrieval (research_agent.query.retrieve_candidates, 50 candidates per retriever, as
+`dump` runs the hybrid retrieval (research_agent.search.retrieve.retrieve_candidates, 50 candidates per retriever, as
 `query_knowledge` asks for) for every judged query of a split and stores each candidate's raw cosine and BM25
 score under benchmarks/.cache/pools/. Semantic and keyword orders are exact on the pool: a chunk outside
 the dense top 50 has a lower cosine than all of it (likewise BM25). `compare` ranks each pool by each fusion
-rule of research_agent.query (one slot per document, as `eval` ranks) and prints nDCG@10 per set and rule.
-`fit` fits the per-query dense weight of research_agent.query.adaptive_dense_weight on the train/dev pools
+rule of research_agent.search.service (one slot per document, as `eval` ranks) and prints nDCG@10 per set and rule.
+`fit` fits the per-query dense weight of research_agent.search.retrieve.adaptive_dense_weight on the train/dev pools
 (FIT_POOLS) and prints its constants with dev and test nDCG@10; test pools are only reported, never fitted.
 Splits come from ../shared/data, or benchmarks/data for SciFact train and CoSQA dev (beir_sets.split_files).
 """
@@ -29,8 +29,8 @@ POOLS = ROOT / "benchmarks" / ".cache" / "pools"
 
 def dump(name: str, split: str, limit: int | None = None) -> Path:
     from beir_sets import open_set, split_files
-    from research_agent.evaluation import read_qrels, read_queries
-    from research_agent.query import retrieve_candidates
+    from research_agent.search.evaluation import read_qrels, read_queries
+    from research_agent.search.retrieve import retrieve_candidates
 
     data_root = ROOT.parent / "shared" / "data"
     c, _ = open_set(name, data_root)
@@ -58,7 +58,7 @@ def load(name: str, split: str) -> list[dict]:
 
 # -- offline ranking ------------------------------------------------------------------------------
 def ndcg10(docs: list[str], judged: dict[str, int]) -> float:
-    from research_agent.evaluation import ndcg_at_k
+    from research_agent.search.evaluation import ndcg_at_k
 
     return ndcg_at_k(list(dict.fromkeys(docs))[:10], judged, 10)
 
@@ -110,7 +110,7 @@ def _overlap(d, k, n=10):
 def rules() -> dict:
     import numpy as np
 
-    from research_agent import query as q
+    from research_agent.search import retrieve as q
 
     out = {"semantic": lambda d, k: d, "keyword": lambda d, k: k}
     for w in (0.5, 0.6, 0.7):
@@ -157,7 +157,7 @@ FIT_MARGIN = 0.003
 
 def weight_features(d, k) -> list[float]:
     """The pool features of adaptive_dense_weight, in ADAPTIVE_WEIGHT_COEF's order."""
-    from research_agent.calibration import bm25_squash
+    from research_agent.search.calibration import bm25_squash
 
     return [float(d.max()), float(d.std()), bm25_squash(float(k.max()))]
 
@@ -190,7 +190,9 @@ def fit_weight() -> None:
         X.append(Xs[keep]), y.append(diff[keep] > 0), sw.append(np.abs(diff[keep]) / np.abs(diff[keep]).sum())
     X = np.vstack(X)
     mu, sd = X.mean(0), X.std(0)
-    clf = LogisticRegression(C=1.0, max_iter=5000).fit((X - mu) / sd, np.concatenate(y), sample_weight=np.concatenate(sw))
+    clf = LogisticRegression(C=1.0, max_iter=5000).fit(
+        (X - mu) / sd, np.concatenate(y), sample_weight=np.concatenate(sw)
+    )
     beta, beta0 = clf.coef_[0] / sd, clf.intercept_[0] - float(np.sum(clf.coef_[0] * mu / sd))
 
     def score(tab, a, b):

@@ -65,7 +65,9 @@ def main() -> None:
     texts = []
     for f in sorted(corpus.rglob("*.md")):
         doc = prepare_file(c, f, source_name(f, corpus))
-        texts += [embedding_text({"document_title": doc.title, "header_path": ch.header_path}, ch.text) for ch in doc.chunks]
+        texts += [
+            embedding_text({"document_title": doc.title, "header_path": ch.header_path}, ch.text) for ch in doc.chunks
+        ]
     t = time.perf_counter()
     for start in range(0, len(texts), 256):
         c.embedder.embed_documents(texts[start:start + 256])

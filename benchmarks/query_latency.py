@@ -100,13 +100,13 @@ def main() -> int:
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
 
     from research_agent.catalog import collections
-    from research_agent.ingest.chunking import chunk_document
     from research_agent.catalog.collections import open_collection
     from research_agent.container import build_container
     from research_agent.ingest import PreparedDocument, content_hash, write_documents
-    from research_agent.keyword import KeywordIndex, active_chunks
+    from research_agent.ingest.chunking import chunk_document
     from research_agent.ingest.parsing import ParsedDocument
-    from research_agent.query import query_knowledge
+    from research_agent.search.keyword_index import KeywordIndex, active_chunks
+    from research_agent.search.service import query_knowledge
 
     store = ROOT / "benchmarks" / ".cache" / "latency" / str(args.chunks)
     c = build_container(store=str(store), rerank_candidates=args.rerank_candidates)
@@ -156,8 +156,11 @@ def main() -> int:
                 stages.setdefault(stage, []).append(ms)
             if kw.get("rerank") and not res.reranked:
                 raise SystemExit(f"reranking failed: {res.warnings}")
-        results[label] = {"p50_ms": round(pct(times, 50), 1), "p95_ms": round(pct(times, 95), 1),
-                          "stage_p50_ms": {k: round(statistics.median(v), 1) for k, v in stages.items() if k != "total"}}
+        results[label] = {
+            "p50_ms": round(pct(times, 50), 1),
+            "p95_ms": round(pct(times, 95), 1),
+            "stage_p50_ms": {k: round(statistics.median(v), 1) for k, v in stages.items() if k != "total"},
+        }
         log(f"{label}: {results[label]}")
 
     for mode in ("semantic", "keyword", "hybrid"):

@@ -4,7 +4,7 @@ No pretrained cross-encoder loads offline, so the proxy reranker is the packaged
 (the MiniLM-L6 backbone of the default cross-encoder): score = cosine(query, passage). For every SciFact test
 query the hybrid top 20 (query_knowledge, rerank=False, default settings) are reordered by the proxy score
 computed on `rerank_passage(text, query, window)` for windows 0 (whole chunk), 64, 96, 128, 192, each in float32
-and under bfloat16 autocast; document-level nDCG@10 as research_agent.evaluation computes it, with paired
+and under bfloat16 autocast; document-level nDCG@10 as research_agent.search.evaluation computes it, with paired
 bootstrap intervals, float32/bfloat16 rank agreement and how many candidates each window cuts.
 
 Usage: .venv/bin/python benchmarks/rerank_proxy.py     (needs the store benchmarks/scifact.py builds; ~25 min)
@@ -30,10 +30,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
-from research_agent.ingest.chunking import estimate_tokens  # noqa: E402
 from research_agent.container import build_container  # noqa: E402
-from research_agent.evaluation import ndcg_at_k, read_qrels, read_queries  # noqa: E402
-from research_agent.query import query_knowledge, rerank_passage  # noqa: E402
+from research_agent.ingest.chunking import estimate_tokens  # noqa: E402
+from research_agent.search.evaluation import ndcg_at_k, read_qrels, read_queries  # noqa: E402
+from research_agent.search.service import query_knowledge, rerank_passage  # noqa: E402
 
 OUT = ROOT / "benchmarks" / ".cache" / "rerank-proxy"
 STORE = OUT / "store"
@@ -106,8 +106,10 @@ def main():
         shutil.copytree(source, STORE)
     c = build_container(store=str(STORE))
     assert Path(c.settings.store).resolve() == STORE.resolve(), c.settings.store
-    log(f"store {c.settings.store}; embedding {c.settings.embedding_model}; cap {c.settings.per_document_cap}; "
-        f"fusion {c.settings.fusion_method} w={c.settings.hybrid_dense_weight}; torch threads {torch.get_num_threads()}")
+    log(
+        f"store {c.settings.store}; embedding {c.settings.embedding_model}; cap {c.settings.per_document_cap}; "
+        f"fusion {c.settings.fusion_method} w={c.settings.hybrid_dense_weight}; torch threads {torch.get_num_threads()}"
+    )
     t0 = time.perf_counter()
     data = load_candidates(c)
     log(f"{len(data)} queries, candidates in {time.perf_counter() - t0:.0f} s")
@@ -161,8 +163,12 @@ def main():
         for d, sa, sb in zip(data, per_q[(w, "float32")], per_q[(w, "bfloat16")]):
             rho = spearmanr(sa, sb).statistic
             rhos.append(1.0 if np.isnan(rho) else float(rho))
-            oa = list(dict.fromkeys(d["cands"][i]["doc"] for i in sorted(range(len(sa)), key=lambda i: (-sa[i], i))))[:K]
-            ob = list(dict.fromkeys(d["cands"][i]["doc"] for i in sorted(range(len(sb)), key=lambda i: (-sb[i], i))))[:K]
+            oa = list(dict.fromkeys(d["cands"][i]["doc"] for i in sorted(range(len(sa)), key=lambda i: (-sa[i], i))))[
+                :K
+            ]
+            ob = list(dict.fromkeys(d["cands"][i]["doc"] for i in sorted(range(len(sb)), key=lambda i: (-sb[i], i))))[
+                :K
+            ]
             same += oa == ob
             maxdiff = max(maxdiff, float(np.max(np.abs(sa - sb))))
         cut = sum(estimate_tokens(x["text"]) > w for d in data for x in d["cands"]) if w else 0

@@ -40,7 +40,11 @@ def machine() -> dict[str, str]:
         pass
     ram = ""
     try:
-        kib = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
+        kib = int(
+            next(
+                line for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+            ).split()[1]
+        )
         ram = f"{kib / 2**20:.1f} GiB"
     except (OSError, StopIteration, ValueError):
         pass

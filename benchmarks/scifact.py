@@ -6,7 +6,7 @@ Usage: .venv/bin/python benchmarks/scifact.py [DATA_DIR] [--store DIR] [--limit 
 DATA_DIR holds the BEIR SciFact files (corpus.jsonl, queries.jsonl, qrels/test.tsv); default
 ../shared/data/scifact relative to the repository root. The store is built once under
 benchmarks/.cache/scifact/<embedding model>/ and reused (ingest resumes if interrupted).
-It runs the same code as `research-agent eval` (research_agent.evaluation.evaluate).
+It runs the same code as `research-agent eval` (research_agent.search.evaluation.evaluate).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def main() -> int:
 
     from research_agent.catalog import collections
     from research_agent.container import build_container
-    from research_agent.evaluation import evaluate, ingest_beir_corpus
+    from research_agent.search.evaluation import evaluate, ingest_beir_corpus
 
     overrides = {"reranker_model": args.reranker} if args.reranker else {}
     probe = build_container(**overrides)
@@ -62,7 +62,7 @@ def main() -> int:
     if written:
         log(f"ingested {written} chunks in {time.perf_counter() - started:.0f} s")
     # Warm the models and the keyword index so latencies are warm-query latencies.
-    from research_agent.query import query_knowledge
+    from research_agent.search.service import query_knowledge
 
     query_knowledge(c, "warm up", collections=[COLLECTION], rerank=False)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -72,8 +72,10 @@ def main() -> int:
         print(report.model_dump_json(indent=2))
         return 0
     s = c.settings
-    print(f"SciFact test, {report.queries_evaluated} queries, k={report.k}; embedding {s.embedding_model}, "
-          f"reranker {s.reranker_model}; {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}")
+    print(
+        f"SciFact test, {report.queries_evaluated} queries, k={report.k}; embedding {s.embedding_model}, "
+        f"reranker {s.reranker_model}; {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}"
+    )
     print(f"| mode | nDCG@{report.k} | Recall@{report.k} | MRR@{report.k} | p50 ms | p95 ms |")
     print("|---|---|---|---|---|---|")
     for m in report.modes:

@@ -147,7 +147,7 @@ def rank_discovery(c, catalog: Catalog, task: str, collection: str) -> list[tupl
 
 
 def rank_query(c, catalog: Catalog, task: str, collection: str) -> list[tuple[Pair | None, float]]:
-    from research_agent.query import query_knowledge
+    from research_agent.search.service import query_knowledge
 
     res = query_knowledge(c, task, collections=[collection], top_k=10)
     out = []

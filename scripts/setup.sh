@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install research-agent with pinned dependencies (CPU torch, offline default models).
-# Usage: scripts/setup.sh [--test]   (--test adds pytest, hypothesis and FlagEmbedding)
+# Usage: scripts/setup.sh [--test]   (--test adds pytest, hypothesis, FlagEmbedding and ruff)
 # Re-running is instant unless pyproject.toml or constraints.txt changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

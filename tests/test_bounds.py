@@ -10,12 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import ingest, query
+from research_agent import ingest
 from research_agent.catalog import collections
-from research_agent.ingest.chunking import (HEADER_PATH_MAX_CHARS, LIST_ITEM_MAX_CHARS, MAX_CHUNK_BYTES, MAX_LIST_ITEMS,
-                                     TITLE_MAX_CHARS, chunk_document, estimate_tokens)
 from research_agent.errors import QueryError
+from research_agent.ingest.chunking import (
+    HEADER_PATH_MAX_CHARS,
+    LIST_ITEM_MAX_CHARS,
+    MAX_CHUNK_BYTES,
+    MAX_LIST_ITEMS,
+    TITLE_MAX_CHARS,
+    chunk_document,
+    estimate_tokens,
+)
 from research_agent.ingest.parsing import ParsedDocument, parse_text
+from research_agent.search import service as query
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,8 +88,10 @@ def test_an_unclosed_fence_does_not_make_one_huge_chunk():
 
 
 def _long_title_markdown(sections: int = 150) -> str:
-    title = "T" + " title" * 4000                                       # a 24 KB front-matter title
-    parts = [f"---\ntitle: {title}\ndescription: {'d' * 20000}\nkeywords: [{', '.join(f'k{i}' for i in range(500))}]\n---\n"]
+    title = "T" + " title" * 4000  # a 24 KB front-matter title
+    parts = [
+        f"---\ntitle: {title}\ndescription: {'d' * 20000}\nkeywords: [{', '.join(f'k{i}' for i in range(500))}]\n---\n"
+    ]
     for i in range(sections):
         level = 1 + i % 6
         parts.append(f"{'#' * level} {'section header words ' * 60}{i}\n\n- id: node{i}\n- type: task\n"
@@ -109,11 +119,13 @@ def test_stored_metadata_cannot_amplify(container, fake_embedder):
     # The copies together stay within a small multiple of the file (they were ~100x it).
     assert metadata_chars < 3 * path.stat().st_size, metadata_chars
     # The BM25 text repeats title and header path (x2) and keywords (x3): capped, so is the repetition.
-    from research_agent.keyword import TITLE_WEIGHT, Chunk, index_text
+    from research_agent.search.keyword_index import TITLE_WEIGHT, Chunk, index_text
 
     for cid, text, meta in zip(got["ids"], got["documents"], got["metadatas"]):
         indexed = index_text(Chunk(cid, text, meta), (TITLE_WEIGHT, 3))
-        assert len(indexed) <= len(text) + TITLE_WEIGHT * (TITLE_MAX_CHARS + HEADER_PATH_MAX_CHARS + 1) + 3 * MAX_LIST_ITEMS * (LIST_ITEM_MAX_CHARS + 1)
+        assert len(indexed) <= len(text) + TITLE_WEIGHT * (
+            TITLE_MAX_CHARS + HEADER_PATH_MAX_CHARS + 1
+        ) + 3 * MAX_LIST_ITEMS * (LIST_ITEM_MAX_CHARS + 1)
 
 
 # -- the embedder's own tokens --------------------------------------------------------------------
@@ -131,7 +143,9 @@ def _model_tokens(embedder, text: str) -> int:
 def _check_fits(embedder, limit: int, title: str) -> int:
     from research_agent.embeddings import chunk_limits
 
-    prose = " ".join(f"Sentence {i} explains how the deduplication of embeddings works in practice." for i in range(400))
+    prose = " ".join(
+        f"Sentence {i} explains how the deduplication of embeddings works in practice." for i in range(400)
+    )
     text = (f"# Overview\n\n{prose}\n\n## Details of the approach\n\n"
             + "| a | b |\n|---|---|\n" + "\n".join(f"| alpha{i} beta{i} | gamma{i} |" for i in range(300))
             + "\n\n```python\n" + "\n".join(f"value_{i} = transform(input_{i}, scale={i})" for i in range(300))
@@ -192,7 +206,7 @@ def test_backends_without_a_tokenizer_fall_back_to_the_estimate(fake_embedder):
 _RSS_PROBE = r"""
 import resource, sys, json
 sys.path.insert(0, sys.argv[1])
-from research_agent.keyword import KeywordIndex, Chunk
+from research_agent.search.keyword_index import KeywordIndex, Chunk
 index = KeywordIndex([Chunk(str(i), f"retrieval ranking document number {i} about embeddings", {}) for i in range(200)])
 index.query_terms("warm up retreival")
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -212,7 +226,7 @@ def test_a_2000_character_query_word_costs_little_memory():
 
 
 def test_long_words_are_not_typo_corrected():
-    from research_agent.keyword import MAX_CORRECTABLE_LEN, KeywordIndex, Chunk
+    from research_agent.search.keyword_index import MAX_CORRECTABLE_LEN, Chunk, KeywordIndex
 
     index = KeywordIndex([Chunk("a", "retrieval " + "x" * 40, {})])
     assert index.corrections("x" * 41) == []               # one edit away, but too long to try
@@ -293,12 +307,17 @@ def test_ingested_chunks_fit_the_model_end_to_end(container):
     collections.create_collection(container, "fit-check")
     prose = " ".join(f"Claim {i} states that the measured effect of treatment on outcome was significant."
                      for i in range(300))
-    Path("long.md").write_text(f"# {'Systematic review of treatments ' * 4}\n\n{prose}\n\n## Results\n\n"
-                               + "| arm | effect |\n|---|---|\n" + "\n".join(f"| arm {i} | {i / 7:.3f} |" for i in range(400)))
+    Path("long.md").write_text(
+        f"# {'Systematic review of treatments ' * 4}\n\n{prose}\n\n## Results\n\n"
+        + "| arm | effect |\n|---|---|\n"
+        + "\n".join(f"| arm {i} | {i / 7:.3f} |" for i in range(400))
+    )
     ingest.ingest_path(container, "long.md", "fit-check")
     augment.add_research(container, "fit-check", f"# Study notes\n\n{prose}", "https://example.org/study")
     got = container.store.client.get_collection("fit-check").get(include=["documents", "metadatas"])
     assert len(got["ids"]) > 20
     embedder = container.embedder
-    worst = max(_model_tokens(embedder, ingest.embedding_text(m, d)) for m, d in zip(got["metadatas"], got["documents"]))
+    worst = max(
+        _model_tokens(embedder, ingest.embedding_text(m, d)) for m, d in zip(got["metadatas"], got["documents"])
+    )
     assert worst <= 256, worst

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import ingest, query
+from research_agent import ingest
 from research_agent.catalog import collections
+from research_agent.search import service as query
 
 QUERIES = ("cache embeddings by content hash", "deploy the server behind a load balancer", "cache",
            "eviction policy for a cache server", "how do I configure the port")
@@ -58,7 +59,7 @@ def test_scores_descend_without_reranker(fake_kb, mode):
 
 @pytest.mark.parametrize("mode", query.QUERY_MODES)
 def test_labels_and_refinement_derive_from_the_calibrated_score(fake_kb, mode):
-    from research_agent import calibration
+    from research_agent.search import calibration
 
     s = fake_kb.settings
     for q in QUERIES:
@@ -85,7 +86,7 @@ def test_scores_descend_with_a_reranker(fake_kb, tiny_cross_encoder, monkeypatch
 
 
 def test_score_is_the_calibrated_probability_of_the_hit_evidence(fake_kb):
-    from research_agent import calibration
+    from research_agent.search import calibration
 
     res = query.query_knowledge(fake_kb, "cache eviction policy", collections=["docs"], rerank=False,
                                 per_document_cap=0)
@@ -96,7 +97,7 @@ def test_score_is_the_calibrated_probability_of_the_hit_evidence(fake_kb):
 
 
 def test_calibration_is_a_monotone_cheap_logistic_model():
-    from research_agent import calibration
+    from research_agent.search import calibration
 
     params = calibration.parameters()
     assert set(params["models"]) == set(query.QUERY_MODES)
@@ -116,7 +117,7 @@ def test_calibration_is_a_monotone_cheap_logistic_model():
 def test_shipped_calibration_descends_before_the_cap(mode):
     """The shipped models themselves (not only the cap) rank a hit lower when its own evidence is weaker or
     it sits deeper: so the cap is a guard, not what makes the list read in order."""
-    from research_agent import calibration
+    from research_agent.search import calibration
 
     def p(cos, bm25, rank, q="does vitamin d reduce the risk of fractures in older adults"):
         row = calibration.hit_features([0.8, cos], [30.0, bm25], [1.0, 0.5], q)[1]
@@ -130,7 +131,7 @@ def test_shipped_calibration_descends_before_the_cap(mode):
 
 
 def test_calibration_is_fitted_off_the_test_splits():
-    from research_agent import calibration
+    from research_agent.search import calibration
 
     fitted = calibration.parameters()["fitted_on"]
     assert fitted and not any(name.endswith("test") for name in fitted)
@@ -138,7 +139,7 @@ def test_calibration_is_fitted_off_the_test_splits():
 
 
 def test_rerank_blend_is_position_aware_and_stays_in_scale():
-    from research_agent import calibration
+    from research_agent.search import calibration
 
     assert calibration.blend_rerank(0.2, 0.9, 1) == pytest.approx(0.5 * 0.9 + 0.5 * 0.2)
     assert calibration.blend_rerank(0.2, 0.9, 15) == pytest.approx(0.7 * 0.9 + 0.3 * 0.2)
@@ -146,12 +147,12 @@ def test_rerank_blend_is_position_aware_and_stays_in_scale():
 
 
 def test_package_ships_the_parameters():
-    from research_agent import calibration
+    from research_agent.search import calibration
 
     text = (Path(calibration.__file__).parent / "calibration.json").read_text()
     assert "NFCorpus" in json.loads(text)["about"]
-    pyproject = (Path(calibration.__file__).parents[1] / "pyproject.toml").read_text()
-    assert "calibration.json" in pyproject
+    pyproject = (Path(calibration.__file__).parents[2] / "pyproject.toml").read_text()
+    assert '"research_agent.search" = ["calibration.json"]' in pyproject  # package-data of its package
 
 
 # -- with the real model --------------------------------------------------------------------------------
@@ -195,3 +196,21 @@ def test_filter_restricted_right_answer_is_not_called_irrelevant(real_kb, mode):
     assert len(res.results) == 1 and "8080" in res.results[0].content
     assert res.results[0].relevance_label != "Not Relevant", (mode, res.results[0].metadata["retrieval"])
     assert res.query_refinement.status != "clarification_needed", (mode, _scores(res))
+
+
+def test_refinement_never_says_a_merely_somewhat_relevant_answer_matches_well(isolated_env):
+    """A best score in the "Somewhat Relevant" band (0.2-0.5: more likely wrong than right) was reported as
+    "The top results match the query well" — an off-topic question sharing one word got that praise."""
+    from research_agent.config import Settings
+
+    s = Settings()
+
+    def hits(*scores):
+        return [query.QueryHit(content="x", relevance_score=p, relevance_label="", source_document="d",
+                               header_path="", metadata={}) for p in scores]
+
+    partial = query.refine("banana bread recipe ideas", hits(0.32, 0.1), s)
+    assert partial.status == "optimal" and "match the query well" not in partial.message
+    assert "somewhat" in partial.message.lower()
+    strong = query.refine("banana bread recipe ideas", hits(0.62, 0.1), s)
+    assert strong.message == "The top results match the query well."

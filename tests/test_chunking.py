@@ -6,8 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from research_agent.ingest.chunking import Chunk, chunk_document, embedding_context, estimate_tokens, slugify
 from research_agent.ingest.parsing import ParsedDocument, parse_file, parse_text

@@ -36,7 +36,7 @@ embeddings._cache[("sentence-transformers", "test-fake-embedder", "cpu")] = Fake
 
 # Crash tests: RA_TEST_KILL_AT="<function of research_agent.ingest.service>:<n>[+]" SIGKILLs this process at the
 # n-th call of that write step (after it returns with "+"); "prune" kills the prune's chunk deletion. A dotted
-# name reaches other modules' write steps: "store.Store.rename_collection:1+", "projects.drop_collection_links:1".
+# name reaches other modules' write steps: "storage.store.Store.rename_collection:1+" (submodules are imported).
 import importlib, os, signal
 kill_at = os.environ.get("RA_TEST_KILL_AT")
 if kill_at:
@@ -61,7 +61,7 @@ if kill_at:
             module, *attrs = name.split(".")
             owner = importlib.import_module("research_agent." + module)
             for attr in attrs[:-1]:
-                owner = getattr(owner, attr)
+                owner = getattr(owner, attr, None) or importlib.import_module(f"{owner.__name__}.{attr}")
             name = attrs[-1]
         after, nth = nth.endswith("+"), int(nth.rstrip("+"))
         original, calls = getattr(owner, name), [0]
@@ -121,15 +121,17 @@ def cli_argv(tmp: Path, *args: str, fake: bool) -> list[str]:
     return [sys.executable, "-m", "research_agent", *map(str, args)]
 
 
-def run_cli(tmp: Path, *args: str, fake: bool, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(
+    tmp: Path, *args: str, fake: bool, env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess:
     return subprocess.run(cli_argv(tmp, *args, fake=fake), env=env, cwd=tmp, capture_output=True, text=True,
                           timeout=timeout)
 
 
 def expected_chunk_ids(collection: str, folder: Path, chunk_max_tokens: int = 350) -> set[str]:
     """The chunk ids a single uninterrupted run produces, computed with the library's own parser and chunker."""
-    from research_agent.ingest.chunking import chunk_document
     from research_agent.ingest import chunk_ids, content_hash, source_name
+    from research_agent.ingest.chunking import chunk_document
     from research_agent.ingest.parsing import parse_file
 
     ids: set[str] = set()
@@ -144,8 +146,8 @@ def open_store(store: Path | None = None, **overrides: Any):
     """A fresh Container on the store (Chroma's per-path system cache cleared first, so it sees other processes)."""
     from chromadb.api.shared_system_client import SharedSystemClient
 
-    from research_agent.container import Container
     from research_agent.config import load_settings
+    from research_agent.container import Container
 
     SharedSystemClient.clear_system_cache()
     if store is not None:
@@ -273,7 +275,7 @@ def test_three_fake_model_writers_with_many_batches_interleave_without_loss(tmp_
         assert snap["ids"] == expected
         assert snap["count"] == snap["manifest_chunks"] == len(expected) == 1350
         assert_self_recall(c, "many", snap)
-        from research_agent.query import query_knowledge
+        from research_agent.search.service import query_knowledge
 
         hits = query_knowledge(c, "uniqw2n149s2", collections=["many"], mode="keyword", rerank=False).results
         assert [h.source_document for h in hits] == ["w2/doc149.md"]
@@ -314,7 +316,7 @@ def test_waiting_writer_times_out_with_retryable_exit_3_when_lock_is_held(tmp_pa
 
 
 def test_long_lived_container_sees_another_process_write_on_its_next_query(tmp_path, fake_embedder):
-    from research_agent.query import query_knowledge
+    from research_agent.search.service import query_knowledge
 
     store = tmp_path / "store"
     env = cli_env(store, fake=True)

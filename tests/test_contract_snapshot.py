@@ -25,8 +25,14 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from research_agent import embeddings, errors
-from research_agent.mcp.errors import (CALL_TIMEOUT, INVALID_PARAMS, ErrorMappingMiddleware, call_timeout,
-                                       invalid_params, to_mcp_error)
+from research_agent.mcp.errors import (
+    CALL_TIMEOUT,
+    INVALID_PARAMS,
+    ErrorMappingMiddleware,
+    call_timeout,
+    invalid_params,
+    to_mcp_error,
+)
 from research_agent.mcp.surface import live_surface
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "contract"

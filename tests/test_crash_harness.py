@@ -156,8 +156,9 @@ SCENARIOS: dict[str, Scenario] = {
         _rerun(lambda b: ["kb", "add-folder", b / "corpus", "--collection", COLL, "--prune"])),
     "reindex": Scenario(
         _ingested, lambda b: ["kb", "reindex", "--collection", COLL],
-        ["store.Store.create_swap_copy:1+", "store.Store.rename_collection:1", "store.Store.rename_collection:1+",
-         "store.Store.rename_collection:2+", "store.Store.delete_collection:1+"],
+        ["storage.store.Store.create_swap_copy:1+", "storage.store.Store.rename_collection:1",
+         "storage.store.Store.rename_collection:1+", "storage.store.Store.rename_collection:2+",
+         "storage.store.Store.delete_collection:1+"],
         _reindex_follow),
     "remove-document": Scenario(
         _ingested, lambda b: ["kb", "remove-document", "corpus/doc004.md", "--collection", COLL],
@@ -170,8 +171,8 @@ SCENARIOS: dict[str, Scenario] = {
         _rerun(lambda b: ["kb", "prune", "--collection", COLL])),
     "collections-delete": Scenario(
         _linked, lambda b: ["collections", "delete", COLL, "--yes"],
-        ["store.Store.delete_collection:1", "store.Store.delete_collection:1+",
-         "store.Store.registry_delete_collection:1+"],
+        ["storage.store.Store.delete_collection:1", "storage.store.Store.delete_collection:1+",
+         "storage.store.Store.registry_delete_collection:1+"],
         _rerun(lambda b: ["collections", "delete", COLL, "--yes"]), after=_recreate),
     "update-note": Scenario(
         _noted, lambda b: ["kb", "update-note", (b / "note-id").read_text(), "--collection", COLL, "--content",
@@ -187,8 +188,8 @@ SCENARIOS: dict[str, Scenario] = {
                           "--content", "# Finding\n\nThe uniqresearch cache expires after five minutes.\n"])),
     "doctor-repair": Scenario(
         _damaged, lambda b: ["doctor", "--repair"],
-        ["store.Store.rename_collection:1+", "store.Store.delete_collection:1+", "store.Store.delete_collection:2+",
-         "delete_chunks:1+", "store.Store.registry_delete:1+"],
+        ["storage.store.Store.rename_collection:1+", "storage.store.Store.delete_collection:1+",
+         "storage.store.Store.delete_collection:2+", "delete_chunks:1+", "storage.store.Store.registry_delete:1+"],
         _rerun(lambda b: ["doctor", "--repair"]), collections=(COLL, "second")),
 }
 POINTS = [pytest.param(name, point, id=f"{name}@{point}") for name, sc in SCENARIOS.items() for point in sc.points]
@@ -197,7 +198,7 @@ POINTS = [pytest.param(name, point, id=f"{name}@{point}") for name, sc in SCENAR
 def store_state(store: Path, collections: tuple[str, ...]) -> dict[str, Any]:
     """What a user can observe of the store, read without triggering any recovery."""
     from research_agent.ops.doctor import run_doctor
-    from research_agent.query import query_knowledge
+    from research_agent.search.service import query_knowledge
 
     c = open_store(store, embedding_model=FAKE_MODEL)
     try:
@@ -243,7 +244,9 @@ def base_and_reference(name: str, factory: pytest.TempPathFactory) -> tuple[Path
 def kill_at(base: Path, env: dict[str, str], argv: list[str], point: str) -> None:
     proc = subprocess.run(cli_argv(base, "--json", *argv, fake=True), env={**env, "RA_TEST_KILL_AT": point},
                           cwd=base, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, f"the run never reached {point} (rc {proc.returncode}): {proc.stderr[-1500:]}"
+    assert (
+        proc.returncode == -signal.SIGKILL
+    ), f"the run never reached {point} (rc {proc.returncode}): {proc.stderr[-1500:]}"
 
 
 @pytest.mark.parametrize("name,point", POINTS)
@@ -265,7 +268,7 @@ def test_kill_at_every_write_step_then_the_next_move_equals_an_uninterrupted_run
 
 
 # -- the real model, end to end: a reindex from the fake model to the packaged MiniLM, killed mid-swap --------
-@pytest.mark.parametrize("point", ["store.Store.rename_collection:1+"])
+@pytest.mark.parametrize("point", ["storage.store.Store.rename_collection:1+"])
 def test_real_model_reindex_killed_mid_swap_recovers_to_the_uninterrupted_result(tmp_path, fake_embedder, point):
     fake_env = cli_env(tmp_path / "store", fake=True)
     _ingested(tmp_path, fake_env)
@@ -288,8 +291,14 @@ def test_real_model_reindex_killed_mid_swap_recovers_to_the_uninterrupted_result
             snap = snapshot(c, COLL)
             names = sorted(col.name for col in c.store.client.list_collections())
             meta = c.store.get_collection(COLL).metadata
-            return {"names": names, "ids": snap["ids"], "manifests": snap["manifests"], "embeddings": snap["embeddings"],
-                    "model": meta["embedding_model"], "dim": meta["embedding_dimension"]}
+            return {
+                "names": names,
+                "ids": snap["ids"],
+                "manifests": snap["manifests"],
+                "embeddings": snap["embeddings"],
+                "model": meta["embedding_model"],
+                "dim": meta["embedding_dimension"],
+            }
         finally:
             c.close()
 

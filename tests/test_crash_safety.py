@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from test_concurrency import (FAKE_MODEL, cli_argv, cli_env, make_folder, open_store, run_cli, snapshot)
+from test_concurrency import FAKE_MODEL, cli_argv, cli_env, make_folder, open_store, run_cli, snapshot
 
 COLLECTION = "crashy"
 
@@ -68,7 +68,9 @@ def fresh_run(base: Path, scenario: str, files: int) -> dict[str, Any]:
         write_v2(folder, files)
     env = cli_env(base / "store", fake=True)
     assert run_cli(base, "collections", "create", COLLECTION, fake=True, env=env).returncode == 0
-    done = run_cli(base, "--json", "kb", "add-folder", folder, "--collection", COLLECTION, "--prune", fake=True, env=env)
+    done = run_cli(
+        base, "--json", "kb", "add-folder", folder, "--collection", COLLECTION, "--prune", fake=True, env=env
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     c = open_store(base / "store", embedding_model=FAKE_MODEL)
     try:
@@ -117,7 +119,11 @@ def kill_during(argv: list[str], env: dict[str, str], cwd: Path, store: Path, po
         proc.wait(timeout=120)
     if kind == "step":
         assert proc.returncode == -signal.SIGKILL, f"the run never reached {value} (rc {proc.returncode})"
-    return f"killed after {time.monotonic() - started:.2f} s" if alive else f"finished before the kill (rc {proc.returncode})"
+    return (
+        f"killed after {time.monotonic() - started:.2f} s"
+        if alive
+        else f"finished before the kill (rc {proc.returncode})"
+    )
 
 
 POINTS = [
@@ -173,7 +179,7 @@ def test_kill_9_mid_ingest_then_rerun_equals_one_uninterrupted_run(tmp_path, tmp
         assert not snap["intent"], "an interrupted-write intent was left behind"
 
         from research_agent.ops.doctor import run_doctor
-        from research_agent.query import query_knowledge
+        from research_agent.search.service import query_knowledge
 
         report = run_doctor(c)
         assert report.healthy, report
@@ -251,7 +257,7 @@ def test_doctor_repair_fixes_orphans_incomplete_documents_and_interrupted_reinde
     c = open_store(store, embedding_model=FAKE_MODEL)
     try:
         assert c.store.get_collection("swap-col").count() == 6
-        from research_agent.query import query_knowledge
+        from research_agent.search.service import query_knowledge
 
         hits = query_knowledge(c, "zebracorn", collections=["keep-col"], mode="keyword", rerank=False).results
         assert hits == []

@@ -42,6 +42,10 @@ def test_fitted_model_covers_every_feature_and_moves_the_right_way():
     for feature, more in (("dense", 0.6), ("dense_margin", 0.2), ("coverage", 0.8), ("kw_rr", 1.0), ("key_word", 1.0)):
         assert scoring.logit({**base, feature: more}) > scoring.logit(base), feature
     assert scoring.logit({**base, "parent": 1.0}) < scoring.logit(base)
+    # Issue 14: a task of one or two content words, and a node holding hundreds of distinct words, lower it.
+    assert scoring.logit({**base, "thin_task": scoring.thin_task(1)}) < scoring.logit(base)
+    wide, narrow = {**base, "breadth": scoring.breadth(1500)}, {**base, "breadth": scoring.breadth(20)}
+    assert scoring.logit(wide) < scoring.logit(narrow)
     assert 0.0 < scoring.sigmoid(-1e9) < 1e-20 and scoring.sigmoid(1e9) == 1.0  # clipped, no overflow
 
 
@@ -133,3 +137,27 @@ def test_catalog_no_match_abstains_real_tasks_keep_a_tool_not_a_server(catalog):
         top = discovery.discover_context(c, task["task"], collections=["tools"]).recommendations[0]
         assert _answer(manifest, top) in {tuple(p) for p in task["relevant"]}
         assert task["id"] != "parcel" or top.relevance_score >= 0.5
+
+
+# -- issue 14: action and direction words ----------------------------------------------------------------
+def test_discovery_analyzer_keeps_action_words_and_drops_task_verbs():
+    from research_agent import text
+
+    assert {"creat", "new", "add", "get", "send", "updat", "chang"} <= set(
+        text.discovery_terms("create a new thing, add, get, send, update, change"))
+    assert text.discovery_terms("implement and write the fix, I need to make sure") == ["fix"]
+    assert "revers" in text.discovery_terms("reverse geocode")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task,tool", [
+    pytest.param("I have a street address and need its latitude and longitude", "maps_geocode",
+                 marks=pytest.mark.xfail(strict=True, reason="issue 14, open: no feature reads the direction of a "
+                                         "conversion; reverse_geocode's parameters name latitude and longitude")),
+    ("I have a latitude and longitude and need the street address", "maps_reverse_geocode"),
+])
+def test_catalog_direction_of_a_conversion_picks_the_tool(catalog, task, tool):
+    c, manifest, _ = catalog
+    res = discovery.discover_context(c, task, max_results=10, collections=["tools"])
+    answers = [_answer(manifest, r)[1] for r in res.recommendations]
+    assert answers and answers[0] == tool, [(r.title, r.relevance_score) for r in res.recommendations]

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from research_agent import evaluation
 from research_agent.catalog import collections
 from research_agent.errors import DocumentError, QueryError
+from research_agent.search import evaluation
 
 CORPUS = [
     {"_id": "d1", "title": "Fruit one", "text": "apple banana"},

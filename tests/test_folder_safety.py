@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import ingest, query
+from research_agent import ingest
 from research_agent.catalog import collections
 from research_agent.errors import DocumentError
+from research_agent.search import service as query
 
 EXE = str(Path(sys.executable).parent / "research-agent")
 

@@ -1,6 +1,6 @@
 """Hybrid never worse than its best part: the per-query dense weight of convex fusion (issue 12).
 
-The weight (research_agent.query.adaptive_dense_weight) leans on dense when keyword evidence is weak and
+The weight (research_agent.search.retrieve.adaptive_dense_weight) leans on dense when keyword evidence is weak and
 on BM25 when its top score is strong; 0 and 1 stay pure keyword / dense; semantic and keyword modes
 do not fuse at all. Figures behind the constants: benchmarks/README.md, "Three public sets, three modes".
 """
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import ingest, query
+from research_agent import ingest
 from research_agent.catalog import collections
-from research_agent.query import Candidate, adaptive_dense_weight, fuse_convex, fusion_scores
+from research_agent.search import service as query
+from research_agent.search.retrieve import Candidate, adaptive_dense_weight, fuse_convex, fusion_scores
 
 DENSE = [0.62, 0.55, 0.41, 0.38, 0.30]
 

@@ -9,13 +9,11 @@ in all).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 CODED = {-32001, -32002, -32003, -32004}
 INVALID_PARAMS = -32602
@@ -64,7 +62,9 @@ def for_schema(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
         elif t == "string":
             typed.append(text_values())
         elif t == "integer":
-            typed.append(st.one_of(st.integers(-5, 120), st.integers(-2**63, 2**63), st.sampled_from([0, 1, 10, 10**9])))
+            typed.append(
+                st.one_of(st.integers(-5, 120), st.integers(-(2**63), 2**63), st.sampled_from([0, 1, 10, 10**9]))
+            )
         elif t == "number":
             typed.append(st.floats(allow_nan=False))
         elif t == "boolean":
@@ -132,7 +132,9 @@ def avoid_known_bugs(name: str, args: dict[str, Any]) -> dict[str, Any]:
     args = dict(args)
     for key in ("path", "current_file"):
         value = args.get(key)
-        if isinstance(value, str) and any(len(part.encode("utf-8", "surrogatepass")) > 255 for part in value.split("/")):
+        if isinstance(value, str) and any(
+            len(part.encode("utf-8", "surrogatepass")) > 255 for part in value.split("/")
+        ):
             args[key] = "/".join(part[:60] for part in value.split("/"))
     return args
 

@@ -6,7 +6,6 @@ The server is the real `mcp_server` process on loopback; it runs with the determ
 
 from __future__ import annotations
 
-import os
 import socket
 import statistics
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_concurrency import FAKE_CLI, FAKE_MODEL, cli_env, make_folder, run_cli
+from test_concurrency import FAKE_CLI, cli_env, make_folder, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_SERVER = FAKE_CLI.replace('from research_agent.cli.main import app\napp(prog_name="research-agent")',
@@ -116,13 +115,19 @@ def test_http_requests_without_or_with_wrong_credentials_get_401(tmp_path):
                   RESEARCH_AGENT_API_KEYS="secret-xyz-0123456789")
     proc, port = start_server(tmp_path, env)
     url = f"http://127.0.0.1:{port}/mcp"
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     try:
         none = httpx.post(url, json=init, headers=headers, timeout=30)
         wrong = httpx.post(url, json=init, headers={**headers, "Authorization": "Bearer wrong"}, timeout=30)
-        right = httpx.post(url, json=init, headers={**headers, "Authorization": "Bearer secret-xyz-0123456789"}, timeout=30)
+        right = httpx.post(
+            url, json=init, headers={**headers, "Authorization": "Bearer secret-xyz-0123456789"}, timeout=30
+        )
     finally:
         stop(proc)
     assert none.status_code == 401, none.status_code

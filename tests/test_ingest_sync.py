@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import ingest, query
+from research_agent import ingest
 from research_agent.catalog import collections, notes as augment
 from research_agent.errors import DocumentError
+from research_agent.search import service as query
 
 
 def test_notes_add_update_get(container, fake_embedder):
@@ -177,8 +178,11 @@ def test_ci_job_command_line_against_chroma_server(chroma_server, tmp_path):
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("RESEARCH_AGENT_STORE", None)
     shutil.copytree(Path(__file__).parent / "fixtures" / "docs", Path.cwd() / "docs")
-    run = lambda: subprocess.run(["bash", "-c", "set -eo pipefail\n" + step.split("run: |")[1]],
-                                 env=env, capture_output=True, text=True, timeout=300)
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", "set -eo pipefail\n" + step.split("run: |")[1]],
+                              env=env, capture_output=True, text=True, timeout=300)
+
     first = run()
     assert first.returncode == 0, first.stderr
     report = json.loads(Path("ingest-report.json").read_text())

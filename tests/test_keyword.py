@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import ingest, query
+from research_agent import ingest
 from research_agent.catalog import collections, notes as augment
-from research_agent.keyword import Chunk, KeywordIndex, edits1
+from research_agent.search import service as query
+from research_agent.search.keyword_index import Chunk, KeywordIndex, edits1
 
 FILLER = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor"
 
@@ -40,8 +41,13 @@ def test_field_weights_rank_keywords_over_title_over_content():
     assert ranked(content_only, "zebra") == ["content"]
     # Keywords weighted 3 count three times: a chunk with the word in its keywords beats one with it
     # twice in a content of the same length.
-    twice = KeywordIndex([chunk("content2", f"zebra zebra {FILLER}"), chunk("kw", f"{FILLER} lorem", keywords=["zebra"]),
-                          chunk("none", FILLER)])
+    twice = KeywordIndex(
+        [
+            chunk("content2", f"zebra zebra {FILLER}"),
+            chunk("kw", f"{FILLER} lorem", keywords=["zebra"]),
+            chunk("none", FILLER),
+        ]
+    )
     assert ranked(twice, "zebra") == ["kw", "content2"]
 
 
@@ -57,7 +63,12 @@ def test_one_letter_typos_are_tolerated():
     index = KeywordIndex([chunk("r", "Dense retrieval with cross-encoder reranking"),
                           chunk("e", "Embedding models map text to vectors"),
                           chunk("x", "Completely different subject matter here")])
-    for typo in ("retreival", "retrieal", "retrievval", "retrievel"):  # transposition, deletion, insertion, substitution
+    for typo in (
+        "retreival",
+        "retrieal",
+        "retrievval",
+        "retrievel",
+    ):  # transposition, deletion, insertion, substitution
         assert ranked(index, typo) == ["r"], typo
     assert ranked(index, "embeddng vectros") == ["e"]
     assert index.query_terms("rtrvl") == []           # two or more edits: no guess
@@ -82,7 +93,10 @@ def test_index_follows_update_and_remove(container, fake_embedder):
     doc = Path("notes.md")
     doc.write_text("# Notes\n\nThe zebras graze on the savanna.\n")
     ingest.ingest_path(container, doc, "docs")
-    kw = lambda q: [h.content for h in query.query_knowledge(container, q, mode="keyword", rerank=False).results]
+
+    def kw(q: str) -> list[str]:
+        return [h.content for h in query.query_knowledge(container, q, mode="keyword", rerank=False).results]
+
     assert any("zebras" in t for t in kw("zebra"))
     doc.write_text("# Notes\n\nThe giraffes browse acacia trees.\n")
     ingest.ingest_path(container, doc, "docs")
@@ -144,7 +158,9 @@ def test_keyword_search_in_server_mode(chroma_server, fake_embedder):
 def test_typo_tolerance_with_the_real_model(container, docs_folder):
     collections.create_collection(container, "docs")
     ingest.ingest_path(container, docs_folder, "docs", recursive=True)
-    res = query.query_knowledge(container, "configre the service on lnux", collections=["docs"], mode="keyword", rerank=False)
+    res = query.query_knowledge(
+        container, "configre the service on lnux", collections=["docs"], mode="keyword", rerank=False
+    )
     assert res.results and res.results[0].source_document == "docs/guide_install.md"
 
 

@@ -359,7 +359,7 @@ async def test_resources_list_collections_info_chunks_and_query_history(fake_emb
 
 
 def test_history_is_bounded(fake_embedder, container, monkeypatch):
-    from research_agent import history
+    from research_agent.search import history
 
     monkeypatch.setattr(history, "MAX_ENTRIES", 5)
     for i in range(8):

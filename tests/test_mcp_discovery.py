@@ -33,15 +33,21 @@ async def test_discovery_tools_resources_and_prompts(server):
         await c.call_tool("manage_collections", {"action": "create", "collection_name": "knowledge"})
         await c.call_tool("ingest_documents", {"path": str(Path.cwd() / "knowledge"), "collection": "knowledge",
                                                "recursive": True})
-        r = (await c.call_tool("discover_context", {"task_description": "Add cursor pagination to the orders list "
-                                                                        "endpoint", "task_type": "implement"})).structured_content
+        r = (
+            await c.call_tool(
+                "discover_context",
+                {"task_description": "Add cursor pagination to the orders list " "endpoint", "task_type": "implement"},
+            )
+        ).structured_content
         assert r["recommendations"] and r["recommendations"][0]["id"] == "guidelines.api.pagination"
         top = r["recommendations"][0]
         assert set(top) >= {"id", "path", "title", "type", "relevance_score", "reason", "estimated_tokens"}
         got = (await c.call_tool("retrieve_knowledge", {"ids": [top["id"], "no-such-node"]})).structured_content
         assert got["not_found"] == ["no-such-node"] and got["nodes"][0]["id"] == top["id"]
         assert got["total_tokens"] == top["estimated_tokens"]
-        deps = (await c.call_tool("get_dependencies", {"node_id": "protocols.release.hotfix", "depth": 2})).structured_content
+        deps = (
+            await c.call_tool("get_dependencies", {"node_id": "protocols.release.hotfix", "depth": 2})
+        ).structured_content
         assert deps["edges"]
         kbs = (await c.call_tool("list_knowledge_bases", {"filter_type": "agent_skill"})).structured_content
         assert kbs["knowledge_bases"]
@@ -68,3 +74,17 @@ async def test_discovery_tools_resources_and_prompts(server):
         assert "discover_context" in prompt.messages[0].content.text
         audit = await c.get_prompt("knowledge_audit", {"task": "Add OAuth", "loaded_context": "a, b"})
         assert "a" in audit.messages[0].content.text
+
+
+@pytest.mark.anyio
+async def test_a_prompt_missing_a_required_argument_is_invalid_params(isolated_env):
+    """prompts/get without a required argument is the client's mistake: -32602 naming it, not -32000."""
+    from fastmcp import Client
+
+    from research_agent.mcp.server import create_server
+
+    async with Client(create_server()) as c:
+        with pytest.raises(MCPError) as err:
+            await c.get_prompt("knowledge_audit", {"task": "Add OAuth"})
+    assert err.value.code == -32602
+    assert "loaded_context" in str(err.value) and err.value.error.data["guidance"]

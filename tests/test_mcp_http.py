@@ -17,7 +17,6 @@ import anyio
 import httpx
 import pytest
 
-
 ROOT = Path(__file__).resolve().parent.parent
 def free_port() -> int:
     import socket

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from test_mcp import TOOLS
-
 import pytest
+
+from test_mcp import TOOLS
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "mcp_server.py"
@@ -210,8 +210,10 @@ def test_requests_the_early_answer_does_not_handle_reach_the_sdk(tmp_path):
 
 
 def test_the_early_handshake_module_imports_only_the_standard_library(tmp_path):
-    code = ("import sys; import research_agent.mcp.stdio; "
-            "print(sorted(m for m in ('pydantic', 'mcp', 'mcp_types', 'fastmcp', 'anyio', 'typer') if m in sys.modules))")
+    code = (
+        "import sys; import research_agent.mcp.stdio; "
+        "print(sorted(m for m in ('pydantic', 'mcp', 'mcp_types', 'fastmcp', 'anyio', 'typer') if m in sys.modules))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_mcp_env(tmp_path), capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -250,7 +252,9 @@ def _initialize(s: _McpStdioSession) -> None:
 
 
 def _call(s: _McpStdioSession, request_id: int, tool: str, timeout: float = 120, **arguments: Any) -> dict[str, Any]:
-    s.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}})
+    s.send(
+        {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+    )
     reply = s.response(request_id, timeout=timeout)
     assert "result" in reply and reply["result"]["isError"] is False, reply
     return reply["result"]["structuredContent"]

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from research_agent import ingest, numpy_encoder, query
+from research_agent import ingest, numpy_encoder
 from research_agent.catalog import collections
+from research_agent.search import service as query
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["how do we deploy?", "", "x", "Ünïcödé straße 東京 🙂 naïve café",
@@ -56,9 +57,11 @@ def test_only_models_it_reproduces_are_supported(packaged, tmp_path):
 
 
 def test_embedding_a_query_with_the_default_model_does_not_import_torch():
-    code = ("import sys\nfrom research_agent.config import Settings\nfrom research_agent.embeddings import load_embedder\n"
-            "e = load_embedder(Settings())\nv = e.embed_query('how do we deploy?')\n"
-            "print(len(v), 'torch' in sys.modules, 'sentence_transformers' in sys.modules)\n")
+    code = (
+        "import sys\nfrom research_agent.config import Settings\nfrom research_agent.embeddings import load_embedder\n"
+        "e = load_embedder(Settings())\nv = e.embed_query('how do we deploy?')\n"
+        "print(len(v), 'torch' in sys.modules, 'sentence_transformers' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["384", "False", "False"]

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from research_agent import ingest, numpy_encoder, query, rerank
+from research_agent import ingest, numpy_encoder, rerank
 from research_agent.catalog import collections
 from research_agent.config import Settings
+from research_agent.search import service as query
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "does vitamin D deficiency raise the risk of bone fractures in the elderly?"

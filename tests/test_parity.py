@@ -62,8 +62,9 @@ def cli_commands() -> set[str]:
 
 
 def mcp_tools() -> dict[str, dict]:
-    import mcp_server
     from fastmcp import Client
+
+    import mcp_server
 
     async def go():
         async with Client(mcp_server.mcp) as client:

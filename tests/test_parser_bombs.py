@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import pdf_bytes
-
-from research_agent.ingest import parsing
 from research_agent.errors import DocumentError
+from research_agent.ingest import parsing
 from research_agent.ingest.parsing import parse_file, parse_text
 
 #: Generous bounds that catch a blow-up, not timing goals: the old code used gigabytes and minutes.

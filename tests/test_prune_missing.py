@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import ingest, query
+from research_agent import ingest
 from research_agent.catalog import collections, notes as augment
-from research_agent.ingest import folder
 from research_agent.errors import DocumentError
+from research_agent.ingest import folder
+from research_agent.search import service as query
 
 EXE = str(Path(sys.executable).parent / "research-agent")
 
@@ -222,7 +223,9 @@ async def test_mcp_manage_documents_prune(fake_embedder, monkeypatch, anyio_back
                                                            "dry_run": True})).structured_content
         report = (await client.call_tool("manage_documents", {"action": "prune", "collection": "kbase",
                                                               "under": str(docs)})).structured_content
-        listed = (await client.call_tool("manage_documents", {"action": "list", "collection": "kbase"})).structured_content
+        listed = (
+            await client.call_tool("manage_documents", {"action": "list", "collection": "kbase"})
+        ).structured_content
     assert dry["removed"] == 0 and dry["removed_documents"] == ["docs/a.md"]
     assert report["removed"] == 1 and report["removed_documents"] == ["docs/a.md"]
     assert [d["document"] for d in listed["documents"]] == ["docs/sub/b.md"]

@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from research_agent import ingest, query
+from research_agent import ingest
 from research_agent.catalog import collections, notes as augment
 from research_agent.errors import CollectionError, QueryError
-from research_agent.query import Candidate, QueryHit, fuse_convex, fuse_rrf, refine, snippet
+from research_agent.search import service as query
+from research_agent.search.refine import refine
+from research_agent.search.retrieve import Candidate, fuse_convex, fuse_rrf
+from research_agent.search.service import QueryHit
+from research_agent.text import snippet
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -68,7 +72,7 @@ def test_hybrid_scores_every_candidate_on_both_sides(kb):
 
 
 def test_fusion_method_is_configurable(kb, monkeypatch):
-    from research_agent.query import retrieve_candidates
+    from research_agent.search.retrieve import retrieve_candidates
 
     out = retrieve_candidates(kb, "cache", ["docs"], mode="hybrid", n=10, fusion="rrf")
     assert out and all(x.fused < 0.05 for x in out)  # RRF scores are ~1/(60 + rank)
@@ -213,7 +217,7 @@ def test_document_context_steers_ranking_with_the_real_model(container):
 
 
 def test_document_context_weight_zero_is_the_plain_query(kb, monkeypatch):
-    from research_agent.query import retrieve_candidates
+    from research_agent.search.retrieve import retrieve_candidates
 
     plain = retrieve_candidates(kb, "cache", ["docs"], mode="semantic", n=5)
     zero = retrieve_candidates(kb, "cache", ["docs"], mode="semantic", n=5, document_context="deploy balancer",
@@ -390,7 +394,8 @@ def test_no_rerank_asked_for_prints_no_not_reranked_warning():
     from rich.console import Console
 
     from research_agent.cli import render
-    from research_agent.query import QueryRefinement, QueryResult
+    from research_agent.search.refine import QueryRefinement
+    from research_agent.search.service import QueryResult
 
     res = QueryResult(query="q", mode="hybrid", collections=["docs"], reranked=False, warnings=[],
                       results=[hit(0.4, "some text")], timings_ms={},

@@ -68,9 +68,14 @@ print("writer done", flush=True)
 def start_writer(tmp: Path, folder: Path, rounds: int, *, only_reindex: bool = False, **env: str) -> subprocess.Popen:
     script = tmp / "writer.py"
     script.write_text(WRITER, encoding="utf-8")
-    return subprocess.Popen([sys.executable, str(script), str(folder), str(rounds), "reindex" if only_reindex else "mix"],
-                            env=cli_env(tmp / "store", fake=True, **env), cwd=tmp, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(folder), str(rounds), "reindex" if only_reindex else "mix"],
+        env=cli_env(tmp / "store", fake=True, **env),
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def seed_store(tmp: Path, files: int = 6):
@@ -97,12 +102,18 @@ class Reader:
         self._threads = [threading.Thread(target=self._loop, args=(i,)) for i in range(threads)]
 
     def _query(self, n: int):
-        from research_agent.query import query_knowledge
+        from research_agent.search.service import query_knowledge
 
         scope = {"collections": ["live"]} if n % 2 else {}  # default scope lists the collections too
         with self.c.store.session():
-            return query_knowledge(self.c, "alpha retry cache uniqround3", mode=("hybrid", "keyword", "semantic")[n % 3],
-                                   rerank=False, top_k=8, **scope)
+            return query_knowledge(
+                self.c,
+                "alpha retry cache uniqround3",
+                mode=("hybrid", "keyword", "semantic")[n % 3],
+                rerank=False,
+                top_k=8,
+                **scope,
+            )
 
     def _loop(self, i: int) -> None:
         started, n = time.monotonic(), i
@@ -145,8 +156,10 @@ def test_queries_never_fail_while_another_process_ingests_removes_and_reindexes(
         reader = Reader(c, until=lambda: writer.poll() is not None).run()
         out, err = writer.communicate(timeout=60)
         assert writer.returncode == 0, err[-3000:]
-        assert not reader.failures, f"{sum(reader.failures.values())} of " \
-                                    f"{sum(reader.failures.values()) + len(reader.done)} queries failed:\n{reader.report()}"
+        assert not reader.failures, (
+            f"{sum(reader.failures.values())} of "
+            f"{sum(reader.failures.values()) + len(reader.done)} queries failed:\n{reader.report()}"
+        )
         assert len(reader.done) >= 20, "the reader hardly ran while the writer wrote"
         assert all(one_version_per_document(r) for _, r in reader.done)
         # The reader saw the writer's commits as they came: the round-3 edit (uniqround3) reached its results.

@@ -502,7 +502,9 @@ def test_mcp_ingest_is_recursive_by_default_like_the_cli(fake_embedder, monkeypa
             tool = next(t for t in await client.list_tools() if t.name == "ingest_documents")
             assert tool.inputSchema["properties"]["recursive"]["default"] is True
             await client.call_tool("manage_collections", {"action": "create", "collection_name": "rec"})
-            return (await client.call_tool("ingest_documents", {"path": "notes", "collection": "rec"})).structured_content
+            return (
+                await client.call_tool("ingest_documents", {"path": "notes", "collection": "rec"})
+            ).structured_content
 
     report = anyio.run(main)
     assert sorted(report["documents"]) == ["notes/deep/a.md", "notes/top.md"], report

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from research_agent import ingest, query
+from research_agent import ingest
 from research_agent.catalog import collections, notes as augment, projects
-from research_agent.ops import status
 from research_agent.errors import CollectionError, ConfigError, DocumentError, QueryError
+from research_agent.ops import status
+from research_agent.search import service as query
 
 
 def test_collection_lifecycle_and_errors(container, fake_embedder):
@@ -239,8 +240,8 @@ def test_concurrent_first_calls_share_one_store(monkeypatch):
     import threading
     import time
 
-    from research_agent import store as store_module
     from research_agent.container import build_container
+    from research_agent.storage import store as store_module
 
     built = []
     real_init = store_module.Store.__init__

@@ -71,9 +71,9 @@ def _leave_reindex_between_renames(tmp_path: Path, *, with_tmp: bool = True) -> 
 # -- item 4: reindex racing add-folder ---------------------------------------------------------------------
 def test_reindex_reads_manifests_under_the_lock_so_a_racing_ingest_loses_nothing(tmp_path, fake_embedder):
     """A batch committed by another process while reindex loads its model is copied, not dropped forever."""
-    from research_agent.ops.doctor import run_doctor
     from research_agent.ingest import reindex_collection
-    from research_agent.query import query_knowledge
+    from research_agent.ops.doctor import run_doctor
+    from research_agent.search.service import query_knowledge
 
     env, _ = _ingested_store(tmp_path)
     late = make_folder(tmp_path / "late", 4, seed=9)
@@ -245,8 +245,14 @@ def test_chroma_server_down_or_dying_mid_run_is_retryable_exit_3(tmp_path, fake_
     try:
         assert run_cli(tmp_path, "collections", "create", NAME, fake=True, env=env).returncode == 0
         # Dying mid-run: the server is killed once the first batch is in.
-        ingest = subprocess.Popen(cli_argv(tmp_path, "--json", "kb", "add-folder", big, "--collection", NAME, fake=True),
-                                  env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ingest = subprocess.Popen(
+            cli_argv(tmp_path, "--json", "kb", "add-folder", big, "--collection", NAME, fake=True),
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         import chromadb
         from chromadb.config import Settings as ChromaSettings
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from research_agent.catalog.common import Deleted, now_iso
 from research_agent.catalog import projects
+from research_agent.catalog.common import Deleted, now_iso
 from research_agent.errors import CollectionError
 
 COLLECTION_TYPES = ("fundamental", "project-specific")
@@ -75,7 +75,9 @@ def _project_links(c) -> dict[str, list[str]]:
 
 def _check_type(type: str) -> None:
     if type not in COLLECTION_TYPES:
-        raise CollectionError(f"Unknown collection type {type!r}", guidance=f"Use one of: {', '.join(COLLECTION_TYPES)}.")
+        raise CollectionError(
+            f"Unknown collection type {type!r}", guidance=f"Use one of: {', '.join(COLLECTION_TYPES)}."
+        )
 
 
 def create_collection(c, name: str, type: str = "project-specific", description: str = "",

@@ -90,8 +90,15 @@ def _write_note(c, collection: str, document: str, content: str, title: str, sou
     c.store.refresh()
     open_collection(c, collection)
     chunks = chunk_parsed(c, parse_text(content, format="markdown", name=title), document, title)
-    doc = PreparedDocument(document=document, title=title, kind="note", source=source,
-                           content_hash=content_hash(f"{title}\n{content}"), chunks=chunks, extra={"added_at": now_iso()})
+    doc = PreparedDocument(
+        document=document,
+        title=title,
+        kind="note",
+        source=source,
+        content_hash=content_hash(f"{title}\n{content}"),
+        chunks=chunks,
+        extra={"added_at": now_iso()},
+    )
     written = write_documents(c, collection, [doc])
     return AugmentResult(collection=collection, document=document, title=title, source=source, kind="note",
                          chunks_written=written, status=status)

@@ -8,7 +8,8 @@ from pydantic import BaseModel
 
 from research_agent.catalog.common import Deleted, now_iso
 from research_agent.errors import CollectionError
-from research_agent.store import validate_name
+from research_agent.storage.registry import project_key
+from research_agent.storage.store import validate_name
 
 
 class ProjectInfo(BaseModel):
@@ -23,13 +24,9 @@ class ProjectList(BaseModel):
     projects: list[ProjectInfo]
 
 
-def _key(name: str) -> str:
-    return f"project:{name}"
-
-
 def require_project(c, name: str) -> dict[str, Any]:
     c.store.refresh()
-    rec = c.store.registry_get([_key(name)]).get(_key(name))
+    rec = c.store.registry_get([project_key(name)]).get(project_key(name))
     if rec is None:
         raise CollectionError(
             f"Project {name!r} not found",
@@ -40,7 +37,7 @@ def require_project(c, name: str) -> dict[str, Any]:
 
 
 def _save(c, rec: dict[str, Any]) -> ProjectInfo:
-    c.store.registry_put({_key(rec["name"]): rec}, "project")
+    c.store.registry_put({project_key(rec["name"]): rec}, "project")
     return ProjectInfo(**rec)
 
 
@@ -53,7 +50,7 @@ def _require_collections(c, names: list[str]) -> list[str]:
 def create_project(c, name: str, description: str = "") -> ProjectInfo:
     validate_name(name, "project")
     with c.store.write_lock():
-        if c.store.registry_get([_key(name)]):
+        if c.store.registry_get([project_key(name)]):
             raise CollectionError(f"Project {name!r} already exists", guidance="Pick another name.", project=name)
         return _save(c, {"name": name, "description": description or "", "collections": [],
                          "default_collections": [], "created_at": now_iso()})
@@ -73,7 +70,7 @@ def delete_project(c, name: str) -> Deleted:
     """Delete the project; its collections stay."""
     require_project(c, name)
     with c.store.write_lock():
-        c.store.registry_delete([_key(name)])
+        c.store.registry_delete([project_key(name)])
     return Deleted(deleted=name, kind="project")
 
 

@@ -15,10 +15,13 @@ CollectionType = Literal["fundamental", "project-specific"]
 
 
 @app.command("create")
-def create(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", help="Collection name (3-512 of a-z A-Z 0-9 . _ -)."),
-           type: CollectionType = typer.Option("project-specific", "--type", help="Collection type."),
-           project: Optional[str] = typer.Option(None, "--project", help="Link the new collection to this project."),
-           description: str = typer.Option("", "--description", help="What the collection holds.")) -> None:
+def create(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., metavar="NAME", help="Collection name (3-512 of a-z A-Z 0-9 . _ -)."),
+    type: CollectionType = typer.Option("project-specific", "--type", help="Collection type."),
+    project: Optional[str] = typer.Option(None, "--project", help="Link the new collection to this project."),
+    description: str = typer.Option("", "--description", help="What the collection holds."),
+) -> None:
     """Create a collection."""
     from research_agent.catalog.collections import create_collection
 
@@ -28,9 +31,11 @@ def create(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME", h
 
 
 @app.command("list")
-def list_(ctx: typer.Context,
-          type: Optional[CollectionType] = typer.Option(None, "--type", help="Only collections of this type."),
-          project: Optional[str] = typer.Option(None, "--project", help="Only collections linked to this project.")) -> None:
+def list_(
+    ctx: typer.Context,
+    type: Optional[CollectionType] = typer.Option(None, "--type", help="Only collections of this type."),
+    project: Optional[str] = typer.Option(None, "--project", help="Only collections linked to this project."),
+) -> None:
     """List collections."""
     from research_agent.catalog.collections import list_collections
 

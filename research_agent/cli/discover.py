@@ -14,15 +14,19 @@ from research_agent.cli.state import get_state, split_names
 TaskType = Literal["implement", "debug", "refactor", "document", "review", "design", "test"]
 
 
-def discover(ctx: typer.Context, task: str = typer.Argument(..., metavar="TASK", help="The task you are about to do."),
-             task_type: Optional[TaskType] = typer.Option(None, "--task-type", help="What kind of task it is."),
-             current_file: Optional[str] = typer.Option(None, "--current-file", metavar="F",
-                                                        help="The file you are working on (ranks nearby knowledge up)."),
-             max_results: int = typer.Option(5, "--max-results", help="How many recommendations at most."),
-             collections: Optional[str] = typer.Option(None, "--collections", metavar="A,B",
-                                                       help="Comma-separated collections (default: all)."),
-             project: Optional[str] = typer.Option(None, "--project", help="Use this project's default collections.")
-             ) -> None:
+def discover(
+    ctx: typer.Context,
+    task: str = typer.Argument(..., metavar="TASK", help="The task you are about to do."),
+    task_type: Optional[TaskType] = typer.Option(None, "--task-type", help="What kind of task it is."),
+    current_file: Optional[str] = typer.Option(
+        None, "--current-file", metavar="F", help="The file you are working on (ranks nearby knowledge up)."
+    ),
+    max_results: int = typer.Option(5, "--max-results", help="How many recommendations at most."),
+    collections: Optional[str] = typer.Option(
+        None, "--collections", metavar="A,B", help="Comma-separated collections (default: all)."
+    ),
+    project: Optional[str] = typer.Option(None, "--project", help="Use this project's default collections."),
+) -> None:
     """Recommend the knowledge to read before a task, with scores, reasons and token estimates."""
     from research_agent.discovery import discover_context
 
@@ -69,9 +73,11 @@ def _discovery(console: Console, r: Any) -> None:
         console.print(escape(r.message))
         return
     for rank, rec in enumerate(r.recommendations, start=1):
-        console.print(f"[bold]{rank}.[/bold] [green]{rec.relevance_score:.2f}[/green] {rec.priority.replace('_', ' ')}  "
-                      f"[bold]{escape(rec.id)}[/bold]  [cyan]{escape(rec.path)}[/cyan]  "
-                      f"[dim]{rec.estimated_tokens} tokens{' with children' if rec.include_children else ''}[/dim]")
+        console.print(
+            f"[bold]{rank}.[/bold] [green]{rec.relevance_score:.2f}[/green] {rec.priority.replace('_', ' ')}  "
+            f"[bold]{escape(rec.id)}[/bold]  [cyan]{escape(rec.path)}[/cyan]  "
+            f"[dim]{rec.estimated_tokens} tokens{' with children' if rec.include_children else ''}[/dim]"
+        )
         console.print(f"   {escape(rec.title)} ({escape(rec.type or 'untyped')}): {escape(rec.reason)}")
     console.print(f"[dim]{escape(r.message)} {r.total_available} relevant in all.[/dim]")
 

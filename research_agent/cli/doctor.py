@@ -8,8 +8,10 @@ from research_agent.cli import render
 from research_agent.cli.state import get_state
 
 
-def doctor(ctx: typer.Context,
-           repair: bool = typer.Option(False, "--repair", help="Fix what the check finds (orphans, leftovers).")) -> None:
+def doctor(
+    ctx: typer.Context,
+    repair: bool = typer.Option(False, "--repair", help="Fix what the check finds (orphans, leftovers)."),
+) -> None:
     """Check the store for what an interrupted write left behind; --repair fixes it."""
     from research_agent.ops.doctor import run_doctor
 

@@ -13,17 +13,19 @@ from research_agent.cli import render
 from research_agent.cli.state import get_state
 
 
-def eval_command(ctx: typer.Context,
-                 qrels: Path = typer.Option(..., "--qrels", metavar="FILE", help="Judgments: TSV `query-id corpus-id score`."),
-                 queries: Path = typer.Option(..., "--queries", metavar="FILE", help="Queries: JSONL with _id and text."),
-                 collection: str = typer.Option(..., "--collection", help="The collection to evaluate."),
-                 k: int = typer.Option(10, "--k", min=1, help="Cut-off for nDCG@k, Recall@k and MRR@k."),
-                 corpus: Optional[Path] = typer.Option(None, "--corpus", metavar="FILE",
-                                                       help="BEIR corpus.jsonl to ingest first (document key = _id)."),
-                 limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N judged queries.")
-                 ) -> None:
+def eval_command(
+    ctx: typer.Context,
+    qrels: Path = typer.Option(..., "--qrels", metavar="FILE", help="Judgments: TSV `query-id corpus-id score`."),
+    queries: Path = typer.Option(..., "--queries", metavar="FILE", help="Queries: JSONL with _id and text."),
+    collection: str = typer.Option(..., "--collection", help="The collection to evaluate."),
+    k: int = typer.Option(10, "--k", min=1, help="Cut-off for nDCG@k, Recall@k and MRR@k."),
+    corpus: Optional[Path] = typer.Option(
+        None, "--corpus", metavar="FILE", help="BEIR corpus.jsonl to ingest first (document key = _id)."
+    ),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate only the first N judged queries."),
+) -> None:
     """Measure retrieval quality per mode (semantic, keyword, hybrid, hybrid+rerank) on your own judgments."""
-    from research_agent.evaluation import evaluate, ingest_beir_corpus
+    from research_agent.search.evaluation import evaluate, ingest_beir_corpus
 
     state = get_state(ctx)
     c = state.container()
@@ -40,5 +42,12 @@ def _report(console: Console, r: Any) -> None:
         if not m.available:
             table.add_row(m.mode, "unavailable", "", "", "", m.reason or "")
             continue
-        table.add_row(m.mode, f"{m.ndcg:.3f}", f"{m.recall:.3f}", f"{m.mrr:.3f}", f"{m.latency_p50_ms:.0f}", f"{m.latency_p95_ms:.0f}")
+        table.add_row(
+            m.mode,
+            f"{m.ndcg:.3f}",
+            f"{m.recall:.3f}",
+            f"{m.mrr:.3f}",
+            f"{m.latency_p50_ms:.0f}",
+            f"{m.latency_p95_ms:.0f}",
+        )
     console.print(table)

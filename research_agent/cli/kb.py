@@ -21,9 +21,12 @@ CONTENT_FILE = typer.Option(None, "--file", help="Read the text from this file."
 
 
 @app.command("add-document")
-def add_document(ctx: typer.Context, path: Path = typer.Argument(..., metavar="PATH", help="File to ingest."),
-                 collection: str = COLLECTION,
-                 title: Optional[str] = typer.Option(None, "--title", help="Title (default: from the document).")) -> None:
+def add_document(
+    ctx: typer.Context,
+    path: Path = typer.Argument(..., metavar="PATH", help="File to ingest."),
+    collection: str = COLLECTION,
+    title: Optional[str] = typer.Option(None, "--title", help="Title (default: from the document)."),
+) -> None:
     """Ingest one file (unchanged files are skipped)."""
     from research_agent.ingest import ingest_path
 
@@ -36,15 +39,20 @@ def add_document(ctx: typer.Context, path: Path = typer.Argument(..., metavar="P
 
 
 @app.command("add-folder")
-def add_folder(ctx: typer.Context, path: Path = typer.Argument(..., metavar="PATH", help="Folder to ingest."),
-               collection: str = COLLECTION,
-               recursive: bool = typer.Option(True, "--recursive/--no-recursive", help="Descend into subfolders."),
-               include: list[str] = typer.Option([], "--include", metavar="GLOB",
-                                                 help="Only files matching this glob (repeatable)."),
-               exclude: list[str] = typer.Option([], "--exclude", metavar="GLOB",
-                                                 help="Skip files matching this glob (repeatable)."),
-               prune: bool = typer.Option(False, "--prune", help="Remove documents whose files are gone from the folder."),
-               strict: bool = typer.Option(False, "--strict", help="Fail (exit 5) if any file is skipped or fails.")) -> None:
+def add_folder(
+    ctx: typer.Context,
+    path: Path = typer.Argument(..., metavar="PATH", help="Folder to ingest."),
+    collection: str = COLLECTION,
+    recursive: bool = typer.Option(True, "--recursive/--no-recursive", help="Descend into subfolders."),
+    include: list[str] = typer.Option(
+        [], "--include", metavar="GLOB", help="Only files matching this glob (repeatable)."
+    ),
+    exclude: list[str] = typer.Option(
+        [], "--exclude", metavar="GLOB", help="Skip files matching this glob (repeatable)."
+    ),
+    prune: bool = typer.Option(False, "--prune", help="Remove documents whose files are gone from the folder."),
+    strict: bool = typer.Option(False, "--strict", help="Fail (exit 5) if any file is skipped or fails."),
+) -> None:
     """Ingest a folder: new and changed files are (re)indexed, unchanged ones skipped."""
     from research_agent.ingest import ingest_path
 
@@ -104,9 +112,11 @@ def list_documents(ctx: typer.Context, collection: str = COLLECTION) -> None:
 
 
 @app.command("remove-document")
-def remove_document(ctx: typer.Context,
-                    document: str = typer.Argument(..., metavar="DOC", help="Document name (see list-documents) or file path."),
-                    collection: str = COLLECTION) -> None:
+def remove_document(
+    ctx: typer.Context,
+    document: str = typer.Argument(..., metavar="DOC", help="Document name (see list-documents) or file path."),
+    collection: str = COLLECTION,
+) -> None:
     """Remove a document and its chunks from a collection."""
     from research_agent.ingest import remove_document as remove
 
@@ -160,13 +170,15 @@ def add_note(ctx: typer.Context,
 
 
 @app.command("update-note")
-def update_note(ctx: typer.Context,
-                document: str = typer.Argument(..., metavar="DOC", help="The note id (see add-note or list-documents)."),
-                stdin: Optional[str] = STDIN,
-                collection: str = COLLECTION,
-                title: Optional[str] = typer.Option(None, "--title", help="New title (default: keep)."),
-                content: Optional[str] = CONTENT,
-                file: Optional[Path] = CONTENT_FILE) -> None:
+def update_note(
+    ctx: typer.Context,
+    document: str = typer.Argument(..., metavar="DOC", help="The note id (see add-note or list-documents)."),
+    stdin: Optional[str] = STDIN,
+    collection: str = COLLECTION,
+    title: Optional[str] = typer.Option(None, "--title", help="New title (default: keep)."),
+    content: Optional[str] = CONTENT,
+    file: Optional[Path] = CONTENT_FILE,
+) -> None:
     """Replace a note's content in place."""
     from research_agent.catalog.notes import update_note as update
 

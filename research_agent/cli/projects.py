@@ -77,8 +77,11 @@ def unlink(ctx: typer.Context, name: str = NAME,
 
 
 @app.command("set-defaults")
-def set_defaults(ctx: typer.Context, name: str = NAME,
-                 collections: str = _collections("Comma-separated collections a query with --project searches.")) -> None:
+def set_defaults(
+    ctx: typer.Context,
+    name: str = NAME,
+    collections: str = _collections("Comma-separated collections a query with --project searches."),
+) -> None:
     """Set the collections a query with --project searches."""
     from research_agent.catalog.projects import set_default_collections
 

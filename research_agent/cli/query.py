@@ -11,24 +11,32 @@ from research_agent.cli import render
 from research_agent.cli.state import get_state, split_names
 
 
-def query(ctx: typer.Context, text: str = typer.Argument(..., metavar="TEXT", help="What to search for."),
-          collections: Optional[str] = typer.Option(None, "--collections", metavar="A,B",
-                                                    help="Comma-separated collections (default: all)."),
-          project: Optional[str] = typer.Option(None, "--project", help="Search this project's default collections."),
-          top_k: int = typer.Option(10, "--top-k", help="How many results."),
-          document_context: Optional[str] = typer.Option(None, "--document-context",
-                                                         help="Text you are working on, to steer the ranking."),
-          context_file: Optional[Path] = typer.Option(None, "--context-file", help="Read --document-context from a file."),
-          mode: Literal["hybrid", "semantic", "keyword"] = typer.Option("hybrid", "--mode", help="Retrieval mode."),
-          no_rerank: bool = typer.Option(False, "--no-rerank", help="Skip the cross-encoder reranker."),
-          filter: list[str] = typer.Option([], "--filter", metavar="KEY=VALUE",
-                                           help="Only chunks whose KEY (content_type, kind, node_type, status, tags, "
-                                                "...) is VALUE; a,b means any of them (repeatable)."),
-          max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Stop adding results at this many tokens."),
-          snippets: bool = typer.Option(False, "--snippets", help="Return the most relevant excerpt of each chunk.")
-          ) -> None:
+def query(
+    ctx: typer.Context,
+    text: str = typer.Argument(..., metavar="TEXT", help="What to search for."),
+    collections: Optional[str] = typer.Option(
+        None, "--collections", metavar="A,B", help="Comma-separated collections (default: all)."
+    ),
+    project: Optional[str] = typer.Option(None, "--project", help="Search this project's default collections."),
+    top_k: int = typer.Option(10, "--top-k", help="How many results."),
+    document_context: Optional[str] = typer.Option(
+        None, "--document-context", help="Text you are working on, to steer the ranking."
+    ),
+    context_file: Optional[Path] = typer.Option(None, "--context-file", help="Read --document-context from a file."),
+    mode: Literal["hybrid", "semantic", "keyword"] = typer.Option("hybrid", "--mode", help="Retrieval mode."),
+    no_rerank: bool = typer.Option(False, "--no-rerank", help="Skip the cross-encoder reranker."),
+    filter: list[str] = typer.Option(
+        [],
+        "--filter",
+        metavar="KEY=VALUE",
+        help="Only chunks whose KEY (content_type, kind, node_type, status, tags, "
+        "...) is VALUE; a,b means any of them (repeatable).",
+    ),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Stop adding results at this many tokens."),
+    snippets: bool = typer.Option(False, "--snippets", help="Return the most relevant excerpt of each chunk."),
+) -> None:
     """Search the knowledge base."""
-    from research_agent.query import query_knowledge
+    from research_agent.search.service import query_knowledge
 
     if collections is not None and project is not None:
         raise typer.BadParameter("pass either --collections or --project, not both", param_hint="'--project'")

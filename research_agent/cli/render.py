@@ -204,12 +204,24 @@ def status_report(console: Console, s: Any) -> None:
     else:
         reranker = f"UNAVAILABLE: {s.reranker_error} (queries are not reranked)"
     store = s.store_location + ("" if s.store_reachable else f"  UNREACHABLE: {s.store_error}")
-    _fields(console, f"research-agent {s.version}", [
-        ("store", f"{s.store_kind}: {store}"),
-        ("embedding model", f"{s.embedding_model} ({s.embedding_backend}, {'loaded' if s.embedding_loaded else 'not loaded'})"),
-        ("reranker model", f"{s.reranker_model} ({s.reranker_backend})"),
-        ("reranker", reranker), ("device", s.device),
-        ("collections", s.collections), ("documents", s.documents), ("chunks", s.chunks), ("projects", s.projects)])
+    _fields(
+        console,
+        f"research-agent {s.version}",
+        [
+            ("store", f"{s.store_kind}: {store}"),
+            (
+                "embedding model",
+                f"{s.embedding_model} ({s.embedding_backend}, {'loaded' if s.embedding_loaded else 'not loaded'})",
+            ),
+            ("reranker model", f"{s.reranker_model} ({s.reranker_backend})"),
+            ("reranker", reranker),
+            ("device", s.device),
+            ("collections", s.collections),
+            ("documents", s.documents),
+            ("chunks", s.chunks),
+            ("projects", s.projects),
+        ],
+    )
 
 
 def doctor_report(console: Console, r: Any) -> None:
@@ -224,7 +236,9 @@ def doctor_report(console: Console, r: Any) -> None:
         console.print(f"[yellow]leftover: {escape(item)}[/yellow]")
     for action in r.actions:
         console.print(f"[green]repaired: {escape(action)}[/green]")
-    console.print("[green]healthy[/green]" if r.healthy else "[red]problems found: run `research-agent doctor --repair`[/red]")
+    console.print(
+        "[green]healthy[/green]" if r.healthy else "[red]problems found: run `research-agent doctor --repair`[/red]"
+    )
 
 
 def document_content(console: Console, d: Any) -> None:

@@ -9,11 +9,14 @@ import typer
 from research_agent.cli.state import get_state
 
 
-def serve(ctx: typer.Context,
-          transport: Optional[Literal["stdio", "http"]] = typer.Option(
-              None, "--transport", help="stdio for an editor or agent, http for the network (default from settings: stdio)."),
-          host: Optional[str] = typer.Option(None, "--host", help="HTTP bind address (default from settings: 127.0.0.1)."),
-          port: Optional[int] = typer.Option(None, "--port", help="HTTP port (default from settings: 8765).")) -> None:
+def serve(
+    ctx: typer.Context,
+    transport: Optional[Literal["stdio", "http"]] = typer.Option(
+        None, "--transport", help="stdio for an editor or agent, http for the network (default from settings: stdio)."
+    ),
+    host: Optional[str] = typer.Option(None, "--host", help="HTTP bind address (default from settings: 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, "--port", help="HTTP port (default from settings: 8765)."),
+) -> None:
     """Run the MCP server (stdio by default)."""
     from research_agent.mcp.stdio import drop_working_directory_from_path, start_early
 

@@ -4,7 +4,7 @@ The package's public names, re-exported so callers import `research_agent.discov
 submodule. Where things live:
 
 - models.py      the wire shapes (Recommendation, DiscoveryResult, ...) and argument vocabularies
-- analysis.py    content words, first sentences, dates, token counts, Markdown to plain text
+- analysis.py    first sentences, dates, token counts, plain text (content words: research_agent.text)
 - node_index.py  nodes built from a collection's chunks, cached per collection revision
 - boosts.py      task_boosts.yaml (shipped here) merged with the user's file; the boost factors
 - scoring.py     the fitted probability model (features, coefficients) behind relevance_score
@@ -18,17 +18,36 @@ from research_agent.discovery.analysis import terms, to_plain
 from research_agent.discovery.boosts import BOOSTS_FILE, load_boosts
 from research_agent.discovery.graph import get_dependencies
 from research_agent.discovery.mcp_face import (
-    RESOURCE_TEMPLATE, knowledge_audit_prompt, list_knowledge_resources, read_knowledge_resource,
+    RESOURCE_TEMPLATE,
+    knowledge_audit_prompt,
+    list_knowledge_resources,
+    read_knowledge_resource,
     task_preparation_prompt,
 )
 from research_agent.discovery.models import (
-    DIRECTIONS, FORMATS, SEARCH_TYPES, TASK_TYPES, DependencyEdge, DependencyGraph, DependencyNode, DiscoveryResult,
-    KnowledgeBase, KnowledgeBaseList, KnowledgeNode, NodeSummary, Recommendation, RetrievalResult, Section,
+    DIRECTIONS,
+    FORMATS,
+    SEARCH_TYPES,
+    TASK_TYPES,
+    DependencyEdge,
+    DependencyGraph,
+    DependencyNode,
+    DiscoveryResult,
+    KnowledgeBase,
+    KnowledgeBaseList,
+    KnowledgeNode,
+    NodeSummary,
+    Recommendation,
+    RetrievalResult,
+    Section,
 )
 from research_agent.discovery.node_index import Node, NodeIndex, node_index
 from research_agent.discovery.ranking import CONSIDER, MUST_LOAD, SHOULD_LOAD, priority
 from research_agent.discovery.service import (
-    discover_context, list_knowledge_bases, retrieve_knowledge, search_knowledge,
+    discover_context,
+    list_knowledge_bases,
+    retrieve_knowledge,
+    search_knowledge,
 )
 
 __all__ = [

@@ -13,9 +13,10 @@ from datetime import date
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from research_agent.discovery.analysis import parse_date, terms
+from research_agent.discovery.analysis import parse_date
 from research_agent.discovery.node_index import Node
 from research_agent.errors import ConfigError
+from research_agent.text import content_terms as terms
 
 BOOSTS_FILE = Path(__file__).with_name("task_boosts.yaml")
 

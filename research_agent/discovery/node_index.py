@@ -8,7 +8,7 @@ that dense candidates are one matrix product (5,000 nodes: a few ms) instead of 
 
 The cache is keyed by (store location, Chroma collection id) and checked against the store's
 revision counter, so any process's write rebuilds it on the next call. It duplicates the revision
-cache of research_agent/keyword.py (which also holds a per-collection build lock; this one does
+cache of research_agent/search/keyword_index.py (which also holds a per-collection build lock; this one does
 not, so two concurrent first calls build twice): issue 13 unifies them.
 """
 
@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
-from research_agent.discovery.analysis import count_tokens, first_sentence, parse_date, terms
+from research_agent.discovery.analysis import count_tokens, first_sentence, parse_date
+from research_agent.storage.chunks import visible_chunks
+from research_agent.text import discovery_terms as terms
 
 log = logging.getLogger(__name__)
-
-# Chunks read from Chroma per page while building an index.
-_PAGE = 5000
 
 
 @dataclass
@@ -119,21 +118,10 @@ _Row = tuple[int, int, str, str, dict[str, Any], Any]
 
 def _current_rows(c, collection: str, col: Any) -> list[_Row]:
     """Every chunk whose document manifest points at its version, in document then chunk order."""
-    manifests = c.store.registry_find("document", collection)
-    current = {m["document"]: m["content_hash"] for m in manifests.values()}
-    rank = {d: i for i, d in enumerate(sorted(current))}
-    rows: list[_Row] = []
-    offset = 0
-    while True:
-        res = col.get(include=["documents", "metadatas", "embeddings"], limit=_PAGE, offset=offset)
-        embeddings = res["embeddings"]
-        for i, (doc, meta) in enumerate(zip(res["documents"], res["metadatas"])):
-            source = meta.get("source_document")
-            if current.get(source) == meta.get("content_hash"):
-                rows.append((rank[source], int(meta.get("chunk_sequence_id", 0)), source, doc, meta, embeddings[i]))
-        if len(res["ids"]) < _PAGE:
-            break
-        offset += _PAGE
+    found = list(visible_chunks(c.store, collection, col, embeddings=True))
+    rank = {d: i for i, d in enumerate(sorted({meta.get("source_document") for _, _, meta, _ in found}))}
+    rows: list[_Row] = [(rank[meta.get("source_document")], int(meta.get("chunk_sequence_id", 0)),
+                         meta.get("source_document"), doc, meta, vector) for _, doc, meta, vector in found]
     rows.sort(key=lambda r: (r[0], r[1]))
     return rows
 
@@ -259,7 +247,7 @@ def node_index(c, collection: str) -> NodeIndex:
 
 def load_indexes(c, collections: list[str] | None, project: str | None = None) -> list[NodeIndex]:
     """The node indexes of the named collections (all of them, or a project's, when none are named)."""
-    from research_agent.query import resolve_collections
+    from research_agent.search.service import resolve_collections
 
     c.store.refresh()
     return [node_index(c, name) for name in resolve_collections(c, collections, project)]

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from research_agent.discovery import scoring
-from research_agent.discovery.analysis import surface_words, terms
 from research_agent.discovery.boosts import BoostRules, boosts_for
 from research_agent.discovery.models import Recommendation
 from research_agent.discovery.node_index import Node, NodeIndex, ancestors, unit
+from research_agent.text import discovery_terms as terms, surface_words
 
 # The protocol's thresholds.
 MUST_LOAD, SHOULD_LOAD, CONSIDER = 0.9, 0.7, 0.5
@@ -58,7 +58,7 @@ COLLAPSE_MIN_SHARE = 0.5
 # (ToolGym dev: the right tool is in the top 10 for 23 of 26 tasks at a 0.05 floor, 20 at 0.1). Abstaining
 # means "nothing scores 0.5 or more", and the message says so; 0.05 keeps the nearly hopeless out.
 LIST_FLOOR = 0.05
-MIN_TASK_TERMS = 3
+MIN_TASK_TERMS = scoring.MIN_TASK_TERMS
 
 
 @dataclass
@@ -76,6 +76,7 @@ class Scored:
     collapsed: list[str] = field(default_factory=list)
     features: dict[str, float] = field(default_factory=dict)  # the calibration model's row (scoring.py)
     key_word: bool = False  # the node holds the task's rarest content word
+    task_terms: list[str] = field(default_factory=list)  # the task's distinct content words
 
 
 def priority(score: float) -> str:
@@ -105,7 +106,7 @@ def candidates(c, task: str, indexes: list[NodeIndex], qvec: Any, n: int,
     product replaces an approximate Chroma query and a second embedding of the task), plus the
     keyword (BM25) candidates of the query engine; a node's keyword rank is that of its best chunk.
     """
-    from research_agent.query import retrieve_candidates
+    from research_agent.search.retrieve import retrieve_candidates
 
     t = time.perf_counter()
     out = Nominated()
@@ -160,7 +161,7 @@ def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
     # One or two content words are thin evidence ("add an endpoint" covers every node that says
     # endpoint): a task shorter than MIN_TASK_TERMS counts as padded with unknown words.
     total_weight = sum(weight.values()) + max(0, MIN_TASK_TERMS - len(qterms)) * math.log(1 + n_total)
-    return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task))
+    return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task, terms))
 
 
 def score_nodes(c, task: str, indexes: list[NodeIndex], nominated: Nominated,
@@ -192,7 +193,7 @@ def _evidence(ix: NodeIndex, node: Node, q: Any, words: _TaskWords, rules: Boost
     return Scored(node, ix, 0.0, dense, coverage, title_cov,
                   [surface.get(t, t) for t in hit_title],
                   [surface.get(t, t) for t in sorted(hit_body, key=lambda t: -words.weight[t])],
-                  rules.factors(node), key_word=key is not None and key in node.terms)
+                  rules.factors(node), key_word=key is not None and key in node.terms, task_terms=words.terms)
 
 
 def feature_rows(scored: list[Scored], keyword: dict[tuple[str, str], tuple[int, float]]) -> list[dict[str, float]]:
@@ -205,7 +206,8 @@ def feature_rows(scored: list[Scored], keyword: dict[tuple[str, str], tuple[int,
         rows.append({"dense": s.dense, "dense_margin": margin, "coverage": s.coverage,
                      "title_coverage": s.title_coverage, "kw_rr": 1.0 / rank if rank else 0.0,
                      "kw_rel": bm25 / top_bm25 if top_bm25 > 0 else 0.0,
-                     "parent": 1.0 if s.node.children else 0.0, "key_word": 1.0 if s.key_word else 0.0})
+                     "parent": 1.0 if s.node.children else 0.0, "key_word": 1.0 if s.key_word else 0.0,
+                     "thin_task": scoring.thin_task(len(s.task_terms)), "breadth": scoring.breadth(len(s.node.terms))})
     return rows
 
 
@@ -314,7 +316,9 @@ def reason(s: Scored) -> str:
     """Why the node is recommended, from what matched: title/body words, cosine, location, boosts."""
     parts: list[str] = []
     if s.collapsed:
-        parts.append(f"{len(s.collapsed)} matching sections ({', '.join(s.collapsed[:3])}); retrieve with include_children")
+        parts.append(
+            f"{len(s.collapsed)} matching sections ({', '.join(s.collapsed[:3])}); retrieve with include_children"
+        )
     if s.matched_title:
         parts.append("title matches " + ", ".join(f"'{w}'" for w in s.matched_title[:4]))
     elif s.matched_body:

@@ -17,7 +17,14 @@ every answer (issue 14). The evidence per candidate node is cheap and mostly sca
 - `key_word`: 1 when the node holds the task's rarest content word (highest IDF over the searched
   collections): "send a message to a Telegram group" is about Telegram, and a WhatsApp tool that
   matches every other word scored 0.59 without this feature, 0.49 with it (ToolGym dev, a no-match task:
-  a near miss, see benchmarks/README.md).
+  a near miss, see benchmarks/README.md);
+- `thin_task`: the share of MIN_TASK_TERMS (3) content words the task lacks (0 for 3+, 2/3 for "fix it"):
+  one or two generic words are thin evidence, yet their cosine to a short section is high ("fix it" gave a
+  hotfix protocol 0.77 before this feature; docs/discovery.md's "padded with unknown words");
+- `breadth`: the node's distinct content words d as d / (d + BREADTH_HALF), BM25-style saturation (a tool
+  section ~20 words: 0.06, a curated section ~100: 0.25, a 1,500-word salad of common words: 0.8). Why:
+  coverage rewards *containing* the task's words, and a node that contains every word says little about
+  any (a word-salad file reached 0.5 on 7 of 10 no-match tasks without it, issue 14).
 
 A logistic model over them gives the probability; boosts (boosts.py) then multiply its odds, as before.
 The coefficients below were fitted by benchmarks/fit_discovery.py on the *dev* tasks of the ToolGym
@@ -30,19 +37,26 @@ from __future__ import annotations
 
 import math
 
-FEATURES = ("dense", "dense_margin", "coverage", "title_coverage", "kw_rr", "kw_rel", "parent", "key_word")
+FEATURES = ("dense", "dense_margin", "coverage", "title_coverage", "kw_rr", "kw_rel", "parent", "key_word",
+            "thin_task", "breadth")
+#: A task with fewer content words than this counts as padded with unknown words (thin_task).
+MIN_TASK_TERMS = 3
+#: The distinct-word count at which breadth is 0.5 (a long curated section; tool sections have 10-40).
+BREADTH_HALF = 300
 
 # -- fitted by benchmarks/fit_discovery.py (see the module docstring) ---------------------------------------
-INTERCEPT = -4.136
+INTERCEPT = -4.299
 COEF = {
-    "dense": 4.936,
-    "dense_margin": 4.461,
-    "coverage": 0.771,
-    "title_coverage": -0.539,
-    "kw_rr": 1.628,
-    "kw_rel": 0.430,
-    "parent": -0.757,
-    "key_word": 0.936,
+    "dense": 5.667,
+    "dense_margin": 4.205,
+    "coverage": 0.408,
+    "title_coverage": -0.665,
+    "kw_rr": 0.716,
+    "kw_rel": 0.752,
+    "parent": -1.016,
+    "key_word": 0.699,
+    "thin_task": -2.054,
+    "breadth": -0.482,
 }
 # -- end of fitted block ---------------------------------------------------------------------------------------
 
@@ -59,6 +73,16 @@ def logit(row: dict[str, float]) -> float:
 def sigmoid(z: float) -> float:
     z = max(-_Z_LIMIT, min(_Z_LIMIT, z))
     return 1.0 / (1.0 + math.exp(-z))
+
+
+def thin_task(n_terms: int) -> float:
+    """The share of MIN_TASK_TERMS content words the task lacks: 0 for three or more, 1 for none."""
+    return max(0, MIN_TASK_TERMS - n_terms) / MIN_TASK_TERMS
+
+
+def breadth(n_terms: int) -> float:
+    """A node's distinct content words, saturated: n / (n + BREADTH_HALF), 0..1."""
+    return n_terms / (n_terms + BREADTH_HALF)
 
 
 def margins(dense: list[float]) -> list[float]:

@@ -19,11 +19,20 @@ from typing import Any
 from research_agent.discovery import ranking
 from research_agent.discovery.analysis import count_tokens, parse_date, to_plain
 from research_agent.discovery.models import (
-    FORMATS, SEARCH_TYPES, TASK_TYPES, DiscoveryResult, KnowledgeBase, KnowledgeBaseList, KnowledgeNode, NodeSummary,
-    RetrievalResult, Section,
+    FORMATS,
+    SEARCH_TYPES,
+    TASK_TYPES,
+    DiscoveryResult,
+    KnowledgeBase,
+    KnowledgeBaseList,
+    KnowledgeNode,
+    NodeSummary,
+    RetrievalResult,
+    Section,
 )
 from research_agent.discovery.node_index import Node, NodeIndex, load_indexes, node_index, resolve_id, unit
 from research_agent.errors import CollectionError, DocumentError, QueryError
+from research_agent.storage.registry import project_key
 
 
 # -- discover_context --------------------------------------------------------------------------------------
@@ -55,7 +64,7 @@ def discover_context(c, task_description: str, *, task_type: str | None = None, 
     with the next best down to ranking.LIST_FLOOR, marked priority "skip". Nothing at 0.5 or more is the
     abstention, and the message says so.
     """
-    from research_agent.query import resolve_collections
+    from research_agent.search.service import resolve_collections
 
     s = c.settings
     t0 = time.perf_counter()
@@ -205,7 +214,7 @@ def list_knowledge_bases(c, *, filter_type: str | None = None, filter_status: st
 def search_knowledge(c, query: str, *, search_type: str = "hybrid", scope: str | list[str] | None = None,
                      max_results: int = 10):
     """query.query_knowledge scoped to knowledge collections: `scope` is collection names or a project name."""
-    from research_agent.query import query_knowledge
+    from research_agent.search.service import query_knowledge
 
     if search_type not in SEARCH_TYPES:
         raise QueryError(f"Unknown search_type {search_type!r}", guidance=f"Use one of: {', '.join(SEARCH_TYPES)}.")
@@ -214,7 +223,7 @@ def search_knowledge(c, query: str, *, search_type: str = "hybrid", scope: str |
         scope = [p.strip() for p in scope.split(",") if p.strip()]
     if scope:
         if len(scope) == 1 and not c.store.has_collection(scope[0]) \
-                and c.store.registry_get([f"project:{scope[0]}"]):
+                and c.store.registry_get([project_key(scope[0])]):
             project = scope[0]
         else:
             collections = scope

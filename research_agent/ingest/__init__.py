@@ -19,17 +19,47 @@ what outside callers see.
 """
 
 from research_agent.ingest.documents import (
-    ChunkView, DocumentChunks, DocumentContent, DocumentInfo, DocumentList, find_document, get_document,
-    get_document_chunks, list_documents,
+    ChunkView,
+    DocumentChunks,
+    DocumentContent,
+    DocumentInfo,
+    DocumentList,
+    find_document,
+    get_document,
+    get_document_chunks,
+    list_documents,
 )
 from research_agent.ingest.prepare import (
-    PreparedDocument, check_allowed, check_size, chunk_ids, chunk_metadata, chunk_parsed, content_hash, document_key,
-    embedding_text, iter_folder, prepare_file, source_name, version_ids,
+    PreparedDocument,
+    check_allowed,
+    check_size,
+    chunk_ids,
+    chunk_metadata,
+    chunk_parsed,
+    content_hash,
+    document_key,
+    embedding_text,
+    iter_folder,
+    prepare_file,
+    source_name,
+    version_ids,
 )
 from research_agent.ingest.service import (
-    EMBED_BATCH_CHUNKS, STALE_INTENT_SECONDS, FileProblem, IngestProgress, IngestReport, ProgressFn, delete_chunks,
-    delete_documents, ingest_path, prune_missing, recover_if_needed, recover_interrupted, reindex_collection,
-    remove_document, write_documents,
+    EMBED_BATCH_CHUNKS,
+    STALE_INTENT_SECONDS,
+    FileProblem,
+    IngestProgress,
+    IngestReport,
+    ProgressFn,
+    delete_chunks,
+    delete_documents,
+    ingest_path,
+    prune_missing,
+    recover_if_needed,
+    recover_interrupted,
+    reindex_collection,
+    remove_document,
+    write_documents,
 )
 
 __all__ = [

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from research_agent.catalog.collections import open_collection
 from research_agent.errors import DocumentError
 from research_agent.ingest.prepare import document_key, version_ids
+from research_agent.storage.chunks import records
 
 
 class DocumentInfo(BaseModel):
@@ -36,8 +37,10 @@ def list_documents(c, collection: str) -> DocumentList:
     c.store.refresh()
     open_collection(c, collection, check_model=False)
     recs = sorted(c.store.registry_find("document", collection).values(), key=lambda m: m["document"])
-    return DocumentList(collection=collection, documents=[DocumentInfo(**{k: m.get(k) for k in DocumentInfo.model_fields})
-                                                          for m in recs])
+    return DocumentList(
+        collection=collection,
+        documents=[DocumentInfo(**{k: m.get(k) for k in DocumentInfo.model_fields}) for m in recs],
+    )
 
 
 def find_document(c, collection: str, document: str) -> dict[str, dict[str, Any]]:
@@ -88,11 +91,11 @@ def _current_chunks(c, collection: str, document: str) -> tuple[dict[str, Any], 
     c.store.refresh()
     manifest = next(iter(find_document(c, collection, document).values()))
     col = open_collection(c, collection, check_model=False)
-    got = col.get(ids=version_ids(collection, [manifest]), include=["documents", "metadatas"])
+    got = records(col, ["documents", "metadatas"], ids=version_ids(collection, [manifest]))
     chunks = sorted((ChunkView(chunk_id=cid, sequence=int(meta.get("chunk_sequence_id", 0)),
                                header_path=meta.get("header_path", ""), content_type=meta.get("content_type", ""),
                                content=text)
-                     for cid, text, meta in zip(got["ids"], got["documents"], got["metadatas"])),
+                     for cid, text, meta in got),
                     key=lambda ch: ch.sequence)
     return manifest, chunks
 

@@ -418,7 +418,9 @@ def _owned_by_other(root: Path, prefix: str, m: dict[str, Any]) -> bool:
 def file_key(path: Path, candidate: str, manifests: Mapping[str, dict[str, Any]], collection_key: Any) -> str:
     """A single file's key: the key it had before, else `candidate` unless another file owns it, else its
     absolute path (unique)."""
-    same = sorted(m["document"] for m in manifests.values() if m.get("kind") == "document" and m.get("path") == str(path))
+    same = sorted(
+        m["document"] for m in manifests.values() if m.get("kind") == "document" and m.get("path") == str(path)
+    )
     if same:
         return same[0]
     owner = manifests.get(collection_key(candidate))

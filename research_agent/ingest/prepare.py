@@ -1,5 +1,5 @@
 """From a path to a PreparedDocument: the path policy, document keys and chunk ids, parse and chunk, and
-the metadata each stored chunk carries (what service.py writes and keyword.py and discovery read back).
+the metadata each stored chunk carries (what service.py writes and search/keyword_index.py and discovery read back).
 
 Nothing here writes: a crash before write_documents leaves the store as it was.
 """
@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from research_agent.errors import DocumentError
 from research_agent.ingest import folder
+from research_agent.storage.registry import document_key  # noqa: F401 - re-exported by ingest
 
 
 @dataclass
@@ -31,11 +32,6 @@ class PreparedDocument:
     path: str | None = None  # absolute file path, for prune and watch
     extra: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # what the reader worked around (bad front matter...)
-
-
-def document_key(collection: str, document: str) -> str:
-    """The registry key of a document's manifest; `document` comes from source_name (or research:/note:)."""
-    return f"document:{collection}:{document}"
 
 
 def chunk_ids(collection: str, document: str, content_hash: str, count: int) -> list[str]:
@@ -120,13 +116,15 @@ def check_size(c, path: Path) -> int:
 def chunk_parsed(c, parsed: Any, document: str, title: str) -> list[Any]:
     """Chunks of a parsed document, each fitting the embedder's own token limit with its title line (see
     chunking.chunk_document): sized by an estimate, 58 % of SciFact's chunks overflowed MiniLM's 256 tokens."""
-    from research_agent.ingest.chunking import chunk_document
     from research_agent.embeddings import chunk_limits
+    from research_agent.ingest.chunking import chunk_document
 
     return chunk_document(parsed, source=document, title=title, **chunk_limits(c.embedder, c.settings.chunk_max_tokens))
 
 
-def prepare_file(c, path: Path, document: str, *, title: str | None = None, raw: bytes | None = None) -> PreparedDocument:
+def prepare_file(
+    c, path: Path, document: str, *, title: str | None = None, raw: bytes | None = None
+) -> PreparedDocument:
     """Parse and chunk one file (DocumentError when it cannot be used; OSError when it cannot be read).
 
     The chunks are parsed from `raw`, the bytes that were hashed, so the manifest's hash always describes
@@ -152,8 +150,14 @@ def prepare_file(c, path: Path, document: str, *, title: str | None = None, raw:
 def chunk_metadata(collection: str, doc: PreparedDocument, chunk: Any, seq: int) -> dict[str, Any]:
     """A chunk's stored metadata. What a document or node repeats in each of its chunks is capped (the
     chunking module's *_MAX_* constants): uncapped, a 1.2 MB file with a long title made a 308 MB store."""
-    from research_agent.ingest.chunking import (FIELD_MAX_CHARS, LIST_ITEM_MAX_CHARS, TITLE_MAX_CHARS, cap_header_path,
-                                         cap_list, cap_text)
+    from research_agent.ingest.chunking import (
+        FIELD_MAX_CHARS,
+        LIST_ITEM_MAX_CHARS,
+        TITLE_MAX_CHARS,
+        cap_header_path,
+        cap_list,
+        cap_text,
+    )
 
     def name(value: Any) -> Any:  # node ids, types, statuses: capped alike, so references still match
         return cap_text(value, LIST_ITEM_MAX_CHARS) if isinstance(value, str) else value
@@ -206,4 +210,6 @@ def embedding_text(meta: dict[str, Any], text: str) -> str:
 
 
 def version_ids(collection: str, versions: Iterable[dict[str, Any]]) -> list[str]:
-    return [cid for v in versions for cid in chunk_ids(collection, v["document"], v["content_hash"], int(v["chunk_count"]))]
+    return [
+        cid for v in versions for cid in chunk_ids(collection, v["document"], v["content_hash"], int(v["chunk_count"]))
+    ]

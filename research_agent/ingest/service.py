@@ -15,19 +15,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel
 
-from research_agent.ingest import folder
 from research_agent.catalog.collections import Deleted, now_iso, open_collection
 from research_agent.errors import DocumentError, ResearchAgentError
+from research_agent.ingest import folder
 from research_agent.ingest.documents import find_document
-from research_agent.ingest.prepare import (PreparedDocument, check_allowed, check_size, chunk_ids, chunk_metadata,
-                                           content_hash, document_key, embedding_text, prepare_file, source_name,
-                                           version_ids)
+from research_agent.ingest.prepare import (
+    PreparedDocument,
+    check_allowed,
+    check_size,
+    chunk_ids,
+    chunk_metadata,
+    content_hash,
+    document_key,
+    embedding_text,
+    prepare_file,
+    source_name,
+    version_ids,
+)
+from research_agent.storage.registry import intent_key
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +108,9 @@ def write_documents(c, collection: str, docs: list[PreparedDocument]) -> int:
         col = open_collection(c, collection)
         recover_interrupted(c, collection, col)
         old = c.store.registry_get(keys)
-        stale = {key: old[key] for key, d in zip(keys, docs) if key in old and old[key]["content_hash"] != d.content_hash}
+        stale = {
+            key: old[key] for key, d in zip(keys, docs) if key in old and old[key]["content_hash"] != d.content_hash
+        }
         # The intent names both versions, so a crash at any step below is undone by the next writer.
         intent = _write_intent(c, collection, [*stale.values(), *({"document": d.document,
                                                                    "content_hash": d.content_hash,
@@ -136,7 +148,7 @@ STALE_INTENT_SECONDS = 600.0
 
 
 def _write_intent(c, collection: str, versions: list[dict[str, Any]]) -> str:
-    key = f"intent:{collection}:{uuid.uuid4().hex}"
+    key = intent_key(collection)
     c.store.registry_put({key: {"versions": versions, "created": time.time()}}, "intent", collection)
     return key
 
@@ -319,8 +331,10 @@ def _plan(c, target: Path, collection: str, existing: dict[str, dict[str, Any]],
     walk = folder.walk_folder(target, recursive=recursive, include=include, exclude=exclude,
                               allowed_roots=allowed_roots)
     if len(walk.files) > c.settings.max_files_per_run:
-        raise DocumentError(f"{len(walk.files)} files exceed the limit of {c.settings.max_files_per_run} per run",
-                            guidance="Narrow the run with --include/--exclude or raise RESEARCH_AGENT_MAX_FILES_PER_RUN.")
+        raise DocumentError(
+            f"{len(walk.files)} files exceed the limit of {c.settings.max_files_per_run} per run",
+            guidance="Narrow the run with --include/--exclude or raise RESEARCH_AGENT_MAX_FILES_PER_RUN.",
+        )
     walk.prefix = folder.folder_prefix(target, existing)
     return walk, [(f, source_name(f, target, walk.prefix)) for f in walk.files]
 
@@ -428,7 +442,9 @@ def reindex_collection(c, collection: str, progress: ProgressFn | None = None) -
             for done, m in enumerate(manifests.values(), start=1):
                 got = old.get(ids=version_ids(collection, [m]), include=["documents", "metadatas"])
                 if got["ids"]:
-                    vecs = embedder.embed_documents([embedding_text(md, t) for md, t in zip(got["metadatas"], got["documents"])])
+                    vecs = embedder.embed_documents(
+                        [embedding_text(md, t) for md, t in zip(got["metadatas"], got["documents"])]
+                    )
                     new.upsert(ids=got["ids"], embeddings=vecs, documents=got["documents"], metadatas=got["metadatas"])
                 report.chunks_written += len(got["ids"])
                 report.updated += 1

@@ -12,9 +12,19 @@ from research_agent.ingest.service import IngestReport, ingest_path
 log = logging.getLogger(__name__)
 
 
-def watch_folder(c, path: str | Path, collection: str, *, recursive: bool = True, include: Iterable[str] = (),
-                 exclude: Iterable[str] = (), debounce: float = 1.0, on_sync: Callable[[IngestReport], None] | None = None,
-                 stop: threading.Event | None = None, allowed_roots: list[Path] | None = None) -> None:
+def watch_folder(
+    c,
+    path: str | Path,
+    collection: str,
+    *,
+    recursive: bool = True,
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    debounce: float = 1.0,
+    on_sync: Callable[[IngestReport], None] | None = None,
+    stop: threading.Event | None = None,
+    allowed_roots: list[Path] | None = None,
+) -> None:
     """Sync once, then again `debounce` seconds after the last change, until `stop` is set (or Ctrl-C)."""
     from watchdog.events import FileSystemEventHandler
     from watchdog.observers import Observer

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research_agent.mcp import stdio
 from research_agent.config import Settings, load_settings
 from research_agent.container import configure_logging
 from research_agent.errors import ResearchAgentError
+from research_agent.mcp import stdio
 from research_agent.mcp.server import create_server
 
 log = logging.getLogger("research_agent.mcp")

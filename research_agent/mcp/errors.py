@@ -154,6 +154,19 @@ def to_mcp_error(exc: Exception, tool: str = "?") -> MCPError:
     return MCPError(err.code, err.message, err.data)
 
 
+def _missing_prompt_arguments(exc: BaseException) -> str | None:
+    """FastMCP reports a prompt rendered without its required arguments as a ValueError ("Missing required
+    arguments: ...") wrapped in its PromptError: the client's mistake (-32602), not ours (-32000)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, ValueError) and str(seen).startswith("Missing required arguments"):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class ErrorMappingMiddleware(Middleware):
     """Re-raise failures of tools, resources and prompts as `MCPError(code, message, data)`."""
 
@@ -166,6 +179,10 @@ class ErrorMappingMiddleware(Middleware):
             sdk = await _sdk_error(exc, context) if what == "tool" else None
             if sdk is not None:
                 raise sdk from None
+            missing = _missing_prompt_arguments(exc) if what == "prompt" else None
+            if missing:
+                raise invalid_params(f"{missing} (prompt {getattr(context.message, 'name', '?')!r})",
+                                     "Pass every required argument; prompts/list shows them.") from None
             if what != "tool" and isinstance(exc, NotFoundError):
                 target = getattr(context.message, "uri", None) or getattr(context.message, "name", "?")
                 raise invalid_params(f"Unknown {what} {str(target)!r}",

@@ -102,7 +102,7 @@ class ServerState:
 
     def record_query(self, result: dict[str, Any]) -> None:
         """Append to the query history off the response path (it takes the store's write lock)."""
-        from research_agent.history import record_query
+        from research_agent.search.history import record_query
 
         def write() -> None:
             try:

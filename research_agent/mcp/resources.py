@@ -59,7 +59,7 @@ async def chunks_resource(name: str, document: str, ctx: Context) -> dict[str, A
 
 
 async def history_resource(ctx: Context) -> dict[str, Any]:
-    from research_agent.history import recent_queries
+    from research_agent.search.history import recent_queries
 
     await anyio.to_thread.run_sync(state(ctx).flush_history)  # this session's last query is in the list
     return {"queries": await Calls("resource history").read(ctx, recent_queries, container(ctx), 50)}

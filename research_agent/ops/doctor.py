@@ -10,9 +10,9 @@ from pydantic import BaseModel
 from research_agent.ingest.folder import is_gone
 from research_agent.ingest.prepare import version_ids
 from research_agent.ingest.service import delete_chunks, recover_interrupted
-from research_agent.store import swap_target
+from research_agent.storage.chunks import all_ids
+from research_agent.storage.swaps import swap_target
 
-_PAGE = 5000
 #: Documents named per collection when their files are gone (the count is always given).
 MISSING_EXAMPLES = 5
 
@@ -38,17 +38,6 @@ class DoctorReport(BaseModel):
     advice: list[str] = []
 
 
-def _chunk_ids(col: Any) -> set[str]:
-    out: set[str] = set()
-    offset = 0
-    while True:
-        res = col.get(include=[], limit=_PAGE, offset=offset)
-        out.update(res["ids"])
-        if len(res["ids"]) < _PAGE:
-            return out
-        offset += _PAGE
-
-
 def _check_collection(c, col: Any, repair: bool, actions: list[str]) -> CollectionCheck:
     name = col.name
     if repair:
@@ -57,9 +46,11 @@ def _check_collection(c, col: Any, repair: bool, actions: list[str]) -> Collecti
                 actions.append(f"{name}: undid an interrupted write")
     manifests = c.store.registry_find("document", name)
     expected = set(version_ids(name, manifests.values()))
-    present = _chunk_ids(col)
+    present = all_ids(col)
     orphans = [cid for cid in present if cid not in expected]
-    incomplete = sorted(key for key, m in manifests.items() if any(cid not in present for cid in version_ids(name, [m])))
+    incomplete = sorted(
+        key for key, m in manifests.items() if any(cid not in present for cid in version_ids(name, [m]))
+    )
     if repair and (orphans or incomplete):
         # An incomplete document's surviving chunks go too: its manifest is dropped, so the next
         # ingest adds the file again from scratch.
@@ -71,9 +62,15 @@ def _check_collection(c, col: Any, repair: bool, actions: list[str]) -> Collecti
         actions.append(f"{name}: removed {len(orphans)} orphan chunks, {len(incomplete)} incomplete documents "
                        "(re-ingest them)")
     missing = _missing_files(manifests)
-    return CollectionCheck(collection=name, documents=len(manifests), chunks=len(present),
-                           orphan_chunks=len(orphans), incomplete_documents=[manifests[k]["document"] for k in incomplete],
-                           missing_files=len(missing), missing_examples=missing[:MISSING_EXAMPLES])
+    return CollectionCheck(
+        collection=name,
+        documents=len(manifests),
+        chunks=len(present),
+        orphan_chunks=len(orphans),
+        incomplete_documents=[manifests[k]["document"] for k in incomplete],
+        missing_files=len(missing),
+        missing_examples=missing[:MISSING_EXAMPLES],
+    )
 
 
 def _missing_files(manifests: dict[str, dict[str, Any]]) -> list[str]:

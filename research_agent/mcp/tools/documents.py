@@ -101,8 +101,8 @@ async def manage_documents(
                                                    "drive.")] = None,
     dry_run: Annotated[bool, Field(description="prune: report what would be removed, remove nothing.")] = False,
 ) -> ToolResult:
-    from research_agent.catalog import notes as augment
     from research_agent import ingest as svc
+    from research_agent.catalog import notes as augment
 
     c, call = container(ctx), DOCUMENTS
     if action == "list":

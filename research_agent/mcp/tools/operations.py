@@ -1,5 +1,5 @@
 """evaluate_retrieval, check_store and get_status: measuring, checking and describing the server and its
-store (research_agent/evaluation.py, doctor.py, status.py).
+store (research_agent/search/evaluation.py, doctor.py, status.py).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ async def evaluate_retrieval(
     k: Annotated[int, Field(description="The cut-off for every metric.", ge=1)] = 10,
     limit: Annotated[int | None, Field(description="Evaluate only the first N judged queries.", ge=1)] = None,
 ) -> ToolResult:
-    from research_agent.evaluation import evaluate
     from research_agent.ingest import check_allowed
+    from research_agent.search.evaluation import evaluate
 
     c = container(ctx)
 

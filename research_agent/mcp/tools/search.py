@@ -1,4 +1,4 @@
-"""query_knowledge_base: the query engine behind `research-agent query` (research_agent/query.py)."""
+"""query_knowledge_base: the query engine behind `research-agent query` (research_agent/search/service.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ async def query_knowledge_base(
     max_tokens: MaxTokens = None,
     snippets: Snippets = False,
 ) -> ToolResult:
-    from research_agent.query import query_knowledge
+    from research_agent.search.service import query_knowledge
 
     data = await QUERY.read(ctx, query_knowledge, container(ctx), query, collections=collections or None,
                             project=project, top_k=top_k, document_context=document_context, mode=mode,

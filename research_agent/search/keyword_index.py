@@ -15,7 +15,8 @@ Ranking: BM25 (bm25s defaults k1=1.5, b=0.75) over one text per chunk: the conte
 integer field weights: a field's term frequencies count w times. Measured on SciFact it beat per-field
 BM25 indexes summed with the same weights (nDCG@10 0.687 vs 0.633; the short title field saturates and
 then dominates), see benchmarks/README.md.
-Tokens: lowercased words of 2+ characters, the Lucene English stop words, Snowball English stems.
+Tokens: lowercased words of 2+ characters, the Lucene English stop words, Snowball English stems
+(research_agent.text.keyword_words and text.stemmer).
 
 Typo tolerance: a query word whose stem is in no field's vocabulary is replaced by the corpus words
 within one edit (insertion, deletion, substitution or adjacent transposition) of it, most frequent
@@ -23,6 +24,9 @@ first (at most `MAX_CORRECTIONS`). Candidates are generated from the query word 
 strings) and looked up in the corpus word set, so there is nothing extra to build with the index. Words
 longer than `MAX_CORRECTABLE_LEN` are not corrected: the candidates of an n-character word take about
 72 n^2 bytes, so a 2,000-character word cost ~300 MB of peak memory (measured), a 32-character one ~0.2 MB.
+
+Over 400 lines because the index, its saved copy and its per-revision cache are one lifecycle (build, save,
+load, prune) that the query path reads as a unit.
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from research_agent.storage.chunks import visible_chunks
+from research_agent.text import keyword_words, stemmer
+
 log = logging.getLogger(__name__)
 
-_PAGE = 5000
 #: Bump when tokens, stems, stop words or the saved layout change: persisted indexes of another
 #: version are ignored and rebuilt.
 ANALYZER_VERSION = 1
@@ -61,11 +67,6 @@ MIN_CORRECTABLE_LEN = 4
 #: candidate set grows with the square of the length (see the module docstring).
 MAX_CORRECTABLE_LEN = 32
 
-# The Lucene/Elasticsearch English stop words (bm25s's "en" list).
-STOP_WORDS = frozenset(
-    "a an and are as at be but by for if in into is it no not of on or such that the their then there these they "
-    "this to was will with".split())
-_TOKEN = re.compile(r"(?u)\b\w\w+\b")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
 _FORMAT = f"research-agent keyword index {ANALYZER_VERSION}"
 # bm25s methods whose scores are the saved matrix alone (BM25L and BM25+ add a non-occurrence term).
@@ -82,17 +83,6 @@ class Chunk:
     id: str
     text: str
     metadata: dict[str, Any]
-
-
-def _stemmer() -> Any:
-    import Stemmer
-
-    return Stemmer.Stemmer("english")
-
-
-def words(text: str) -> list[str]:
-    """Lowercased word tokens without stop words (before stemming)."""
-    return [w for w in _TOKEN.findall(text.lower()) if w not in STOP_WORDS]
 
 
 def edits1(word: str) -> set[str]:
@@ -157,12 +147,12 @@ class KeywordIndex:
         self._setup(chunks, weights)
         if not chunks:
             return
-        tokenized = [words(index_text(ch, self.weights)) for ch in chunks]
+        tokenized = [keyword_words(index_text(ch, self.weights)) for ch in chunks]
         for doc in tokenized:
             for w in set(doc):
                 self.word_freq[w] = self.word_freq.get(w, 0) + 1
         surface = sorted(self.word_freq)
-        self.stem_of = dict(zip(surface, self.stemmer.stemWords(surface)))
+        self.stem_of = dict(zip(surface, stemmer().stemWords(surface)))
         self.retriever = bm25s.BM25()
         self.retriever.index([[self.stem_of[w] for w in doc] for doc in tokenized], show_progress=False)
 
@@ -173,7 +163,6 @@ class KeywordIndex:
         self.position = {ch.id: i for i, ch in enumerate(chunks)}
         self.weights = tuple(max(0, int(w)) for w in (weights or (TITLE_WEIGHT, KEYWORD_WEIGHT)))
         self._stem_cache: dict[str, str] = {}
-        self.stemmer = _stemmer()
         self.retriever: Any = None
         self.word_freq: dict[str, int] = {}   # surface word -> number of chunks containing it
         self.stem_of: dict[str, str] = {}
@@ -199,7 +188,13 @@ class KeywordIndex:
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
         if manifest.get("format") != _FORMAT:
             raise ValueError(f"format {manifest.get('format')!r}, expected {_FORMAT!r}")
-        for name, expected in manifest["files"].items():
+        listed = manifest.get("files") or {}
+        present = {str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file()} - {"manifest.json"}
+        if set(listed) != present or "chunks.json" not in present:
+            # A manifest listing fewer files than the folder holds would skip their checksums (an edited
+            # chunks.json was served as content): every file must be listed, and chunks.json must exist.
+            raise ValueError("the manifest does not list exactly the files present")
+        for name, expected in listed.items():
             if _checksum(folder / name) != expected:
                 raise ValueError(f"{name} does not match its checksum")
         tables = json.loads((folder / "chunks.json").read_text(encoding="utf-8"))
@@ -219,7 +214,7 @@ class KeywordIndex:
     def stem(self, word: str) -> str:
         s = self.stem_of.get(word) or self._stem_cache.get(word)
         if s is None:
-            s = self._stem_cache[word] = self.stemmer.stemWord(word)
+            s = self._stem_cache[word] = stemmer().stemWord(word)  # this thread's: a cached index serves many
         return s
 
     def _known(self, stem: str) -> bool:
@@ -238,7 +233,7 @@ class KeywordIndex:
         if self.retriever is None:
             return []
         terms: list[str] = []
-        for word in words(query):
+        for word in keyword_words(query):
             stem = self.stem(word)
             if self._known(stem):
                 terms.append(stem)
@@ -259,7 +254,7 @@ class KeywordIndex:
         return self._np.fromiter((predicate(ch.metadata) for ch in self.chunks), dtype=bool, count=len(self.chunks))
 
     def rank(self, query: str, where: Callable[[dict[str, Any]], bool] | None = None) -> Any:
-        """Every chunk's score for `query` (numpy, chunk order; 0 where `where` rejects), or None if no term is known."""
+        """Every chunk's score for `query` (numpy, chunk order; 0 where `where` rejects); None if no term is known."""
         terms = self.query_terms(query)
         if not terms:
             return None
@@ -285,18 +280,7 @@ class KeywordIndex:
 
 def active_chunks(c, collection: str, col: Any) -> list[Chunk]:
     """Every chunk of the collection whose document manifest points at its version."""
-    manifests = c.store.registry_find("document", collection)
-    current = {m["document"]: m["content_hash"] for m in manifests.values()}
-    out: list[Chunk] = []
-    offset = 0
-    while True:
-        res = col.get(include=["documents", "metadatas"], limit=_PAGE, offset=offset)
-        for cid, doc, meta in zip(res["ids"], res["documents"], res["metadatas"]):
-            if current.get(meta.get("source_document")) == meta.get("content_hash"):
-                out.append(Chunk(cid, doc, meta))
-        if len(res["ids"]) < _PAGE:
-            return out
-        offset += _PAGE
+    return [Chunk(cid, doc, meta) for cid, doc, meta, _ in visible_chunks(c.store, collection, col)]
 
 
 def field_weights(settings: Any) -> tuple[int, int]:
@@ -343,7 +327,7 @@ def load_persisted(folder: Path, name: str) -> KeywordIndex | None:
         return KeywordIndex.load(path)
     except Exception as exc:  # truncated, altered, older format: never trusted, rebuilt by the caller
         log.warning("keyword index at %s is unusable (%s); rebuilding it", path, exc)
-        shutil.rmtree(path, ignore_errors=True)
+        _remove(path, _OURS)
         return None
 
 
@@ -363,6 +347,19 @@ def persist(index: KeywordIndex, folder: Path, name: str) -> None:
     prune(folder, keep=name)
 
 
+#: What we name: saved indexes (`_entry_name`), half-written saves, and collection folders (Chroma's UUIDs).
+#: Pruning removes nothing else, and never through a symlink: a user who moved the folder to another disk
+#: with a link, or keeps other files beside ours, lost folders there before.
+_OURS = re.compile(r"[\w.-]+-w\d+\.\d+-a\d+-bm25s[\w.+-]+|" + re.escape(_TMP) + r"[0-9a-f]{32}")
+_COLLECTION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _remove(entry: Path, pattern: re.Pattern[str]) -> None:
+    """rmtree `entry` if it is a real folder with one of our names; anything else is left alone."""
+    if pattern.fullmatch(entry.name) and not entry.is_symlink() and entry.is_dir():
+        shutil.rmtree(entry, ignore_errors=True)
+
+
 def prune(folder: Path, keep: str) -> None:
     """Remove saved indexes other than `keep`, and abandoned half-written ones (bounded disk: one per collection)."""
     for entry in folder.iterdir():
@@ -374,7 +371,7 @@ def prune(folder: Path, keep: str) -> None:
                     continue  # another process is saving right now
             except OSError:
                 continue
-        shutil.rmtree(entry, ignore_errors=True)
+        _remove(entry, _OURS)
 
 
 def _cached(key: tuple[str, str], rev: str, weights: tuple[int, int]) -> KeywordIndex | None:
@@ -429,6 +426,6 @@ def prune_collections(c, folder: Path) -> None:
         live = {str(getattr(col, "id", "")) for col in c.store.client.list_collections()}
         for entry in folder.parent.iterdir():
             if entry != folder and entry.name not in live:
-                shutil.rmtree(entry, ignore_errors=True)
+                _remove(entry, _COLLECTION_ID)
     except Exception as exc:  # best effort: a leftover only costs disk
         log.debug("could not prune saved keyword indexes in %s: %s", folder.parent, exc)

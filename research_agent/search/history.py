@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any
 
 from research_agent.catalog.collections import now_iso
+from research_agent.storage.registry import HISTORY, history_key
 
-RECORD = "history"
+RECORD = HISTORY
 #: Oldest entries beyond this many are dropped on the next write.
 MAX_ENTRIES = 200
 _QUERY_CHARS = 500
@@ -21,8 +20,7 @@ def record_query(c, query: str, collections: list[str] | None, n_results: int, *
     Takes the store's write lock (embedded stores serialize writers across processes), so callers on a
     latency-sensitive path should run it off that path.
     """
-    # Zero-padded nanoseconds sort in time order; the suffix keeps two records in one tick apart.
-    rid = f"history:{time.time_ns():020d}-{uuid.uuid4().hex[:6]}"
+    rid = history_key()  # sorts in time order
     entry = {"query": str(query)[:_QUERY_CHARS], "collections": list(collections or []), "n_results": int(n_results),
              "mode": mode, "source": source, "at": now_iso()}
     with c.store.write_lock():

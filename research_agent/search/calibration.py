@@ -41,8 +41,8 @@ def bm25_squash(score: float) -> float:
 
 @lru_cache(maxsize=1)
 def parameters() -> dict[str, Any]:
-    """The shipped calibration (research_agent/calibration.json)."""
-    return json.loads(resources.files("research_agent").joinpath("calibration.json").read_text(encoding="utf-8"))
+    """The shipped calibration (research_agent/search/calibration.json)."""
+    return json.loads(resources.files("research_agent.search").joinpath("calibration.json").read_text(encoding="utf-8"))
 
 
 def query_terms(query: str) -> int:

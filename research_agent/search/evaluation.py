@@ -69,7 +69,8 @@ def read_queries(path: str | Path) -> dict[str, str]:
                 out[str(obj["_id"])] = str(obj["text"])
             except (ValueError, KeyError, TypeError):
                 raise DocumentError(f"{path}:{n} is not a JSON object with `_id` and `text`",
-                                    guidance="Each line of queries.jsonl must be {\"_id\": ..., \"text\": ...}.") from None
+                                    guidance="Each line of queries.jsonl must be "
+                                             "{\"_id\": ..., \"text\": ...}.") from None
     return out
 
 
@@ -77,7 +78,8 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     """query-id -> {corpus-id: score} from a BEIR qrels .tsv (the header line is skipped)."""
     path = Path(path)
     if not path.is_file():
-        raise DocumentError(f"Qrels file not found: {path}", guidance="Pass a BEIR qrels .tsv (query-id, corpus-id, score).")
+        raise DocumentError(f"Qrels file not found: {path}",
+                            guidance="Pass a BEIR qrels .tsv (query-id, corpus-id, score).")
     qrels: dict[str, dict[str, int]] = {}
     with path.open(encoding="utf-8", newline="") as fh:
         for n, row in enumerate(csv.reader(fh, delimiter="\t"), start=1):
@@ -85,7 +87,8 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
                 continue
             if len(row) < 3:
                 raise DocumentError(f"{path}:{n} needs three tab-separated columns",
-                                    guidance="Use the BEIR layout: query-id<TAB>corpus-id<TAB>score, with a header line.")
+                                    guidance="Use the BEIR layout: query-id<TAB>corpus-id<TAB>score, "
+                                             "with a header line.")
             try:
                 score = int(float(row[2]))
             except ValueError:
@@ -128,7 +131,8 @@ def _percentile(values: list[float], q: float) -> float:
 def iter_beir_corpus(path: str | Path, limit: int | None = None) -> Iterable[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
-        raise DocumentError(f"Corpus file not found: {path}", guidance="Pass a BEIR corpus.jsonl (`_id`, `title`, `text`).")
+        raise DocumentError(f"Corpus file not found: {path}",
+                            guidance="Pass a BEIR corpus.jsonl (`_id`, `title`, `text`).")
     with path.open(encoding="utf-8") as fh:
         n = 0
         for line in fh:
@@ -149,10 +153,10 @@ def ingest_beir_corpus(c, collection: str, corpus_jsonl: str | Path, limit: int 
     are code, chunked by the code chunker, titled by the `_id` as a file by its stem); default plain text.
     Entries whose content is already stored are skipped, so a re-run resumes. Returns chunks written.
     """
-    from research_agent.ingest.chunking import chunk_document
     from research_agent.catalog.collections import open_collection
     from research_agent.embeddings import chunk_limits
     from research_agent.ingest import PreparedDocument, content_hash, write_documents
+    from research_agent.ingest.chunking import chunk_document
 
     c.store.refresh()
     open_collection(c, collection)
@@ -206,7 +210,7 @@ def evaluate(c, collection: str, queries_file: str | Path, qrels_file: str | Pat
     `limit` evaluates only the first N judged queries; `progress(mode, done, total)` is called per query.
     A `+rerank` mode whose reranker cannot load is reported unavailable, never scored unreranked.
     """
-    from research_agent.query import query_knowledge, resolve_collections
+    from research_agent.search.service import query_knowledge, resolve_collections
 
     if not isinstance(k, int) or not 1 <= k <= c.settings.max_top_k:
         raise QueryError(f"k must be between 1 and {c.settings.max_top_k}", guidance="Pass a smaller --k.")
@@ -242,8 +246,9 @@ def evaluate(c, collection: str, queries_file: str | Path, qrels_file: str | Pat
             recall.append(recall_at_k(ranked, qrels[qid], k))
             mrr.append(mrr_at_k(ranked, qrels[qid], k))
             notify(mode, done, len(todo))
-        out.append(ModeScores(mode=mode, ndcg=round(statistics.fmean(ndcg), 4), recall=round(statistics.fmean(recall), 4),
-                              mrr=round(statistics.fmean(mrr), 4), queries=len(todo),
+        out.append(ModeScores(mode=mode, ndcg=round(statistics.fmean(ndcg), 4),
+                              recall=round(statistics.fmean(recall), 4), mrr=round(statistics.fmean(mrr), 4),
+                              queries=len(todo),
                               latency_p50_ms=round(_percentile(lat, 50), 1),
                               latency_p95_ms=round(_percentile(lat, 95), 1)))
     return EvalReport(collection=collection, k=k, queries_evaluated=len(todo),

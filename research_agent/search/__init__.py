@@ -1,0 +1,15 @@
+"""Search: the query service and everything it ranks with. Import the submodules, not this package.
+
+- service.py        query_knowledge and its result models (QueryResult, QueryHit), argument checks, the
+                    collection scope, rerank blending and the token budget
+- filters.py        metadata filters: validation, the Chroma `where` clause, the keyword-side predicate
+- retrieve.py       candidates from the dense and keyword sides, convex / RRF fusion, the per-document cap
+- refine.py         refinement advice (optimal / too_broad / clarification_needed) and suggested queries
+- keyword_index.py  the BM25 index per collection: built from Chroma, cached per revision, saved with the store
+- calibration.py    calibrated relevance probabilities and labels (parameters in calibration.json, shipped here)
+- evaluation.py     nDCG / Recall / MRR on BEIR-format judgments (`research-agent eval`)
+- history.py        recent queries, kept bounded in the store registry
+
+Tokens, stop words, the stemmer and snippets are research_agent.text's. Nothing is imported here, so
+`from research_agent.search import history` loads no more than it needs.
+"""

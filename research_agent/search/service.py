@@ -1,0 +1,216 @@
+"""Query: dense, keyword or hybrid retrieval across collections, then cross-encoder reranking.
+
+The service and its result models; the steps live beside it (filters.py, retrieve.py, refine.py,
+calibration.py, research_agent.text for snippets). See docs/query.md for the behaviour (fusion,
+document_context, filters, token budget, refinement rules) and the measurements behind the defaults.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from research_agent.errors import CollectionError, QueryError
+from research_agent.search import calibration
+from research_agent.search.filters import validate_filters
+from research_agent.search.refine import QueryRefinement, refine
+from research_agent.search.retrieve import Candidate, cap_per_document, retrieve_candidates
+from research_agent.text import snippet
+
+QUERY_MODES = ("hybrid", "semantic", "keyword")
+
+class QueryHit(BaseModel):
+    content: str
+    relevance_score: float
+    relevance_label: str
+    source_document: str
+    header_path: str
+    metadata: dict[str, Any]
+
+
+class QueryResult(BaseModel):
+    status: str = "success"
+    query: str
+    mode: str
+    collections: list[str]
+    reranked: bool
+    warnings: list[str]
+    results: list[QueryHit]
+    query_refinement: QueryRefinement
+    timings_ms: dict[str, float]
+    filters: dict[str, Any] = {}
+    #: Estimated tokens of the returned contents, and whether max_tokens cut the list short.
+    total_tokens: int = 0
+    truncated_by_budget: bool = False
+
+
+def relevance_label(score: float, settings: Any) -> str:
+    """The band of a calibrated relevance probability (calibration.label)."""
+    return calibration.label(score, settings)
+
+
+def validate_query(query: Any, settings: Any) -> str:
+    if not isinstance(query, str) or not query.strip():
+        raise QueryError("The query is empty", guidance="Ask a question or give search terms.")
+    if len(query) > settings.max_query_chars:
+        raise QueryError(f"The query has {len(query)} characters; the limit is {settings.max_query_chars}",
+                         guidance="Shorten the query, or pass long text as --document-context.")
+    return query.strip()
+
+
+def resolve_collections(c, collections: list[str] | None, project: str | None) -> list[str]:
+    """Explicit collections, else the project's defaults, else every collection."""
+    if collections:
+        names = list(dict.fromkeys(n.strip() for n in collections if n and n.strip()))
+        c.store.require_collections(names)
+        return names
+    if project:
+        from research_agent.catalog.projects import require_project
+
+        rec = require_project(c, project)
+        if not rec["default_collections"]:
+            raise CollectionError(f"Project {project!r} has no default collections",
+                                  guidance=f"Run `research-agent projects set-defaults {project} --collections a,b`.",
+                                  project=project)
+        return rec["default_collections"]
+    names = [col.name for col in c.store.list_collections()]
+    if not names:
+        raise CollectionError("There are no collections to search",
+                              guidance="Create one with `research-agent collections create` and ingest documents.")
+    return names
+
+
+def rerank_passage(text: str, query: str, max_tokens: int) -> str:
+    """What the cross-encoder reads of a chunk: its query-centred window of `max_tokens` (0: all of it).
+
+    A cross-encoder's cost grows with the pair's length, and the MS MARCO models were trained on passages of
+    about 100 tokens; the window holds the most query terms, so the passage keeps the evidence it has.
+    """
+    return snippet(text, query, max_tokens, marks=False) if max_tokens > 0 else text
+
+
+def _rerank_scores(c, query: str, pool: list[Candidate], timings: dict[str, float],
+                   warnings: list[str]) -> list[float] | None:
+    """The cross-encoder's probabilities for the pool, or None (with a warning) when it cannot load."""
+    s = c.settings
+    t = time.perf_counter()
+    # Windows only for a reranker that loads: offline, the default one never does.
+    scores = (c.reranker.score(query, [rerank_passage(cand.text, query, s.rerank_passage_tokens) for cand in pool])
+              if c.reranker.load() else None)
+    timings["rerank"] = (time.perf_counter() - t) * 1000
+    if scores is None:
+        warnings.append(f"Not reranked: reranker {s.reranker_model!r} is unavailable "
+                        f"({c.reranker.error}). Results are in retrieval order.")
+    return scores
+
+
+def calibrated_order(c, query: str, pool: list[Candidate], mode: str, use_rerank: bool,
+                     timings: dict[str, float], warnings: list[str]) -> list[float]:
+    """Sort `pool` in place into the returned order and give each its calibrated relevance probability.
+
+    Without a reranker the order is the retrieval order and the score the calibrated probability of the
+    hit's evidence (search/calibration.py), capped to descend. With one, each candidate's score is the
+    position-aware blend of the cross-encoder's probability and that retrieval probability, and the pool is
+    sorted by it, so the score descends by construction and means the same with and without a reranker.
+    """
+    retrieval = calibration.calibrated_scores(mode, [x.dense for x in pool], [x.keyword for x in pool],
+                                              [x.fused for x in pool], query=query)
+    rerank_scores = _rerank_scores(c, query, pool, timings, warnings) if use_rerank and pool else None
+    if rerank_scores is None:
+        return retrieval
+    blended = {}
+    for rank, (cand, p, r) in enumerate(zip(pool, retrieval, rerank_scores), start=1):
+        cand.rerank = r
+        blended[cand.id] = calibration.blend_rerank(p, r, rank)
+    pool.sort(key=lambda x: blended[x.id], reverse=True)
+    return [blended[x.id] for x in pool]
+
+
+def _hits(c, query: str, pool: list[Candidate], scores: list[float], *, snippets: bool,
+          max_tokens: int | None) -> tuple[list[QueryHit], int, bool]:
+    """QueryHits for the pool in order, within the token budget: (hits, tokens used, cut by the budget)."""
+    from research_agent.ingest.chunking import estimate_tokens
+
+    s = c.settings
+    hits: list[QueryHit] = []
+    used_tokens = 0
+    for cand, score in zip(pool, scores):
+        text = snippet(cand.text, query, s.snippet_tokens) if snippets else cand.text
+        tokens = estimate_tokens(text)
+        if max_tokens is not None and hits and used_tokens + tokens > max_tokens:
+            return hits, used_tokens, True
+        used_tokens += tokens
+        meta = dict(cand.metadata)
+        meta.update(chunk_id=cand.id, retrieval={k: round(v, 4) for k, v in (
+            ("dense", cand.dense), ("keyword", cand.keyword), ("fused", cand.fused), ("rerank", cand.rerank))
+            if v is not None}, ranks=dict(cand.ranks), returned_tokens=tokens,
+            snippet=bool(snippets and text != cand.text))
+        hits.append(QueryHit(content=text, relevance_score=round(score, 4),
+                             relevance_label=relevance_label(score, s),
+                             source_document=meta.get("source_document", ""),
+                             header_path=meta.get("header_path", ""), metadata=meta))
+    return hits, used_tokens, False
+
+
+# -- the service -----------------------------------------------------------------------------------
+def query_knowledge(c, query: str, *, collections: list[str] | None = None, project: str | None = None,
+                    top_k: int = 10, document_context: str | None = None, mode: str = "hybrid",
+                    rerank: bool = True, filters: dict[str, Any] | None = None, max_tokens: int | None = None,
+                    snippets: bool = False, per_document_cap: int | None = None) -> QueryResult:
+    """Search collections and return the top_k chunks, reranked by the cross-encoder when it is available.
+
+    filters: {field: value or [values]} on content_type, kind, node_type, status, tags/keywords,
+    code_language, document, collection. max_tokens: stop adding hits once their contents would exceed
+    this many (estimated) tokens; the first hit is always returned. snippets: return the ~60-token window
+    of each chunk that best matches the query instead of the whole chunk. per_document_cap: override
+    settings.per_document_cap (0 = no cap).
+    """
+    s = c.settings
+    t0 = time.perf_counter()
+    query = validate_query(query, s)
+    mode = mode or "hybrid"
+    _validate_arguments(mode, top_k, max_tokens, s)
+    flt = validate_filters(filters)
+    c.store.refresh()
+    names = _scope(c, collections, project, flt)
+    timings: dict[str, float] = {}
+    cap = s.per_document_cap if per_document_cap is None else per_document_cap
+    n_rerank = max(int(s.rerank_candidates), top_k)
+    n = max(s.retrieval_candidates, n_rerank, top_k * max(cap, 1))
+    fused = retrieve_candidates(c, query, names, mode=mode, n=n, document_context=document_context,
+                                timings=timings, filters=flt)
+    fused = cap_per_document(fused, cap)
+    warnings: list[str] = []
+    use_rerank = bool(rerank and s.rerank)
+    pool = fused[:n_rerank] if use_rerank else fused[:top_k]
+    scores = calibrated_order(c, query, pool, mode, use_rerank, timings, warnings)
+    reranked = any(cand.rerank is not None for cand in pool)
+    hits, used_tokens, truncated = _hits(c, query, pool[:top_k], scores, snippets=snippets, max_tokens=max_tokens)
+    timings["total"] = (time.perf_counter() - t0) * 1000
+    return QueryResult(query=query, mode=mode, collections=names, reranked=reranked, warnings=warnings, results=hits,
+                       query_refinement=refine(query, hits, s), timings_ms={k: round(v, 1) for k, v in timings.items()},
+                       filters=flt, total_tokens=used_tokens, truncated_by_budget=truncated)
+
+
+def _validate_arguments(mode: str, top_k: Any, max_tokens: Any, settings: Any) -> None:
+    """Coded errors for a bad mode, top_k or max_tokens (the query text is checked by validate_query)."""
+    if mode not in QUERY_MODES:
+        raise QueryError(f"Unknown mode {mode!r}", guidance=f"Use one of: {', '.join(QUERY_MODES)}.")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= settings.max_top_k:
+        raise QueryError(f"top_k must be between 1 and {settings.max_top_k}", guidance="Pass a smaller --top-k.")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise QueryError("max_tokens must be a positive whole number", guidance="Pass e.g. --max-tokens 2000.")
+
+
+def _scope(c, collections: list[str] | None, project: str | None, flt: dict[str, list[str]]) -> list[str]:
+    """The collections to search: resolve_collections, narrowed by a `collection` filter inside that scope."""
+    names = resolve_collections(c, collections, project)
+    if "collection" in flt:
+        outside = [str(v) for v in flt["collection"] if v not in names]
+        if outside:
+            raise QueryError(f"The collection filter names collections outside the search scope: {', '.join(outside)}",
+                             guidance=f"Search one of: {', '.join(names)} (or pass them with --collections).")
+        names = [n for n in names if n in flt["collection"]]
+    return names

@@ -1,0 +1,127 @@
+"""Our own records (projects, document manifests, write intents, revisions, query history) and their keys.
+
+They live in one Chroma collection, META_COLLECTION, so a Chroma server shares them with every client. Each
+record is a JSON document under a key of the form `<kind>:...`, with metadata {"record": kind} (and
+{"collection": name} when it belongs to one, so a collection's records go with it). Every key format is
+built here, by one function per kind: six modules used to spell them out themselves.
+
+`RegistryMixin` is the part of `Store` that reads and writes them; it needs the Store's `client` and
+`_connect_lock`, and the Store forgets `_meta` whenever it reopens the client.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from research_agent.storage import chunks
+
+# Our records' collection. Its name cannot be a user collection name: validate_name refuses the prefix, which
+# reindex working copies and backups share (storage/swaps.py).
+META_COLLECTION = "research-agent-meta"
+RESERVED_PREFIX = "research-agent-"
+
+# Record kinds: the "record" metadata of each record, and the first part of its key.
+DOCUMENT = "document"  # a document's manifest: the version readers see (content hash, chunk count, source)
+PROJECT = "project"    # a named group of collections
+INTENT = "intent"      # a write in progress: the old and new versions of each document it touches
+REVISION = "revision"  # a token that changes on every write to a collection (caches compare it)
+HISTORY = "history"    # one recent query
+
+
+def document_key(collection: str, document: str) -> str:
+    """The key of a document's manifest; `document` comes from source_name (or research:/note:)."""
+    return f"{DOCUMENT}:{collection}:{document}"
+
+
+def project_key(name: str) -> str:
+    return f"{PROJECT}:{name}"
+
+
+def intent_key(collection: str) -> str:
+    """A new intent's key: a random suffix, so two writers on a Chroma server never share one."""
+    return f"{INTENT}:{collection}:{uuid.uuid4().hex}"
+
+
+def revision_key(collection: str) -> str:
+    return f"{REVISION}:{collection}"
+
+
+def history_key() -> str:
+    """A new history entry's key: zero-padded nanoseconds sort in time order; the suffix keeps two records in
+    one tick apart."""
+    return f"{HISTORY}:{time.time_ns():020d}-{uuid.uuid4().hex[:6]}"
+
+
+class RegistryMixin:
+    """The registry half of `Store`: records by key or by kind, and the per-collection revisions."""
+
+    _meta: Any
+
+    @property
+    def meta(self) -> Any:
+        meta = self._meta
+        if meta is not None:
+            return meta
+        with self._connect_lock:
+            if self._meta is None:
+                self._meta = self.client.get_or_create_collection(
+                    META_COLLECTION, metadata={"ra_internal": True}, embedding_function=None
+                )
+            return self._meta
+
+    def registry_get(self, ids: list[str]) -> dict[str, dict[str, Any]]:
+        ids = list(dict.fromkeys(ids))  # Chroma refuses repeated ids
+        if not ids:
+            return {}
+        return {rid: json.loads(doc) for rid, doc in chunks.records(self.meta, ["documents"], ids=ids)}
+
+    def registry_find(self, record: str, collection: str | None = None) -> dict[str, dict[str, Any]]:
+        where: dict[str, Any] = {"record": record}
+        if collection is not None:
+            where = {"$and": [where, {"collection": collection}]}
+        return {rid: json.loads(doc) for rid, doc in chunks.records(self.meta, ["documents"], where=where)}
+
+    def registry_put(self, records: dict[str, dict[str, Any]], record: str, collection: str | None = None) -> None:
+        if not records:
+            return
+        ids = list(records)
+        for start in range(0, len(ids), chunks.PAGE):
+            page = ids[start:start + chunks.PAGE]
+            self.meta.upsert(
+                ids=page,
+                embeddings=[[1.0]] * len(page),
+                documents=[json.dumps(records[i], sort_keys=True) for i in page],
+                metadatas=[{"record": record, **({"collection": collection} if collection else {})} for _ in page],
+            )
+
+    def registry_delete(self, ids: list[str]) -> None:
+        for start in range(0, len(ids), chunks.PAGE):
+            self.meta.delete(ids=ids[start:start + chunks.PAGE])
+
+    def registry_delete_collection(self, collection: str) -> None:
+        self.meta.delete(where={"collection": collection})
+
+    def current_versions(self, collection: str) -> dict[str, str]:
+        """{document: content hash} from the collection's manifests: the versions readers may see."""
+        return {m["document"]: m["content_hash"] for m in self.registry_find(DOCUMENT, collection).values()}
+
+    # -- revisions: a per-collection token that changes on every write ----------------------------
+    def revision(self, collection: str) -> str:
+        rec = self.registry_get([revision_key(collection)])
+        return str(rec.get(revision_key(collection), {}).get("revision", "0"))
+
+    def bump_revision(self, collection: str) -> str:
+        # A fresh random token, not a counter: two writers on a Chroma server cannot lose a bump
+        # by both reading N and writing N+1. Caches only ever compare it for equality.
+        rev = uuid.uuid4().hex
+        self.registry_put({revision_key(collection): {"revision": rev}}, REVISION, collection)
+        return rev
+
+
+__all__ = [
+    "DOCUMENT", "HISTORY", "INTENT", "META_COLLECTION", "PROJECT", "RESERVED_PREFIX", "REVISION", "RegistryMixin",
+    "document_key", "history_key", "intent_key", "project_key", "revision_key",
+]

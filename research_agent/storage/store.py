@@ -1,0 +1,291 @@
+"""The Chroma store: one client per process (embedded or server) and the collections in it.
+
+`Store` is built from three mixins, one per concern, so each reads on its own:
+- storage/locks.py     `session()`, `write_lock()`, the read gate (LockingMixin)
+- storage/swaps.py     reindex swaps and their recovery (SwapMixin)
+- storage/registry.py  our own records and revisions (RegistryMixin)
+What stays here: connecting (and the retryable error when a Chroma server is unreachable), seeing other
+processes' writes (the generation file), and the collections: names, lookup, create, list, delete, rename.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+from research_agent.config import Settings
+from research_agent.errors import CollectionError, ConfigError, StoreUnavailableError
+from research_agent.storage.locks import LockingMixin, ReadGate, SharedExclusiveLock
+from research_agent.storage.registry import RESERVED_PREFIX, RegistryMixin
+from research_agent.storage.swaps import BACKUP_PREFIX, SwapMixin, swap_target
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_NAME_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9._-]{1,510})[a-zA-Z0-9]$")
+MAX_NAMES = 500  # collection names accepted in one call
+
+
+def validate_name(name: str, what: str = "collection") -> str:
+    """Chroma's naming rule (3-512 chars of [a-zA-Z0-9._-], alphanumeric at both ends)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise CollectionError(
+            f"Invalid {what} name {name!r}",
+            guidance="Use 3-512 characters of letters, digits, '.', '_' or '-', starting and ending "
+            "with a letter or digit.",
+            name=str(name)[:100],
+        )
+    if name.startswith(RESERVED_PREFIX):
+        raise CollectionError(f"The {what} name prefix {RESERVED_PREFIX!r} is reserved.", guidance="Pick another name.")
+    return name
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    try:
+        import httpx
+    except ImportError:  # pragma: no cover - chromadb depends on httpx
+        return False
+    return isinstance(exc, httpx.TransportError)
+
+
+class _ServerGuard:
+    """A Chroma server client (or one of its collections) whose dropped connections are retryable errors.
+
+    Trigger: the server is down or dies mid-run (issue 11 item 14). Why: httpx's errors surfaced as exit 1,
+    and `get_collection` took them for "not found" (exit 4, "create it"). Outcome: StoreUnavailableError
+    (exit 3, -32001, retryable) at whichever call lost the connection.
+    """
+
+    def __init__(self, target: Any, location: str) -> None:
+        self._target = target
+        self._location = location
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = attr(*args, **kwargs)
+            except Exception as exc:
+                if _is_transport_error(exc):
+                    raise unreachable(self._location, exc) from None
+                raise
+            if hasattr(result, "upsert"):
+                return _ServerGuard(result, self._location)
+            if isinstance(result, list):
+                return [_ServerGuard(r, self._location) if hasattr(r, "upsert") else r for r in result]
+            return result
+
+        return call
+
+
+def unreachable(location: str, exc: BaseException) -> StoreUnavailableError:
+    return StoreUnavailableError(
+        f"Chroma server at {location} is unreachable ({type(exc).__name__})",
+        guidance="Start it with `chroma run --path DIR --host HOST --port PORT` (or fix --chroma-host/--chroma-port) "
+        "and run the command again: interrupted writes are finished or undone on the next run.",
+    )
+
+
+class Store(LockingMixin, SwapMixin, RegistryMixin):
+    """One Chroma client per process; writers take a cross-process lock in embedded mode.
+
+    Threads (the MCP server's tool calls) use the client inside `session()`. Reopening the client to
+    see another process's writes replaces Chroma's shared system, which breaks any call in flight,
+    so it happens only while no session is active; in-process writes are exclusive too.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._client: Any = None
+        self._meta: Any = None
+        self._generation: str | None = None
+        self._lock = threading.RLock()  # this process's writers, one at a time
+        self._connect_lock = threading.RLock()  # building the client; never held while waiting for others
+        self._use = SharedExclusiveLock()
+        self._local = threading.local()
+        self._gate: ReadGate | None = None
+        self._readers_admitted = False  # a reindex fills its copy while readers read the live collection
+
+    # -- client -----------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return "server" if self.settings.server_mode else "embedded"
+
+    @property
+    def location(self) -> str:
+        s = self.settings
+        if not s.server_mode:
+            return str(s.store)
+        return f"{'https' if s.chroma_ssl else 'http'}://{s.chroma_host}:{s.chroma_port}"
+
+    @property
+    def client(self) -> Any:
+        client = self._client
+        if client is not None:
+            return client
+        with self._connect_lock:
+            if self._client is None:
+                self._client = self._connect()
+            return self._client
+
+    def _connect(self) -> Any:
+        import chromadb
+        from chromadb.config import Settings as ChromaSettings
+
+        chroma_settings = ChromaSettings(anonymized_telemetry=False, allow_reset=False)
+        s = self.settings
+        if s.server_mode:
+            try:
+                client = chromadb.HttpClient(host=s.chroma_host, port=s.chroma_port, ssl=s.chroma_ssl,
+                                             settings=chroma_settings)
+                client.heartbeat()
+            except Exception as exc:
+                raise unreachable(self.location, exc) from None
+            return _ServerGuard(client, self.location)
+        self._make_store_dir()
+        try:
+            self._generation = self._read_generation()
+            return chromadb.PersistentClient(path=str(s.store), settings=chroma_settings)
+        except OSError as exc:
+            raise self._unopenable(exc) from None
+
+    def _make_store_dir(self) -> None:
+        try:
+            self.settings.store.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise self._unopenable(exc) from None
+
+    def _unopenable(self, exc: OSError) -> ConfigError:
+        return ConfigError(f"Cannot open the store at {self.settings.store}: {exc.strerror}",
+                           guidance="Pass a writable --store PATH.")
+
+    # -- other processes' writes: each commit writes a new generation (LockingMixin._open_gate) ---------------
+    def refresh(self) -> None:
+        """See writes committed by other processes (Chroma caches one system per path)."""
+        if self.settings.server_mode or self._client is None or getattr(self._local, "shared", 0):
+            return  # inside a session the refresh happened on entry
+        if self._read_generation() == self._generation:
+            return
+        self._use.acquire_exclusive()
+        try:
+            self._reopen_if_stale()
+        finally:
+            self._use.release_exclusive()
+
+    def _reopen_if_stale(self) -> None:
+        # Called with exclusive use: no other thread is inside a Chroma call.
+        if self._client is None or self._read_generation() == self._generation:
+            return
+        from chromadb.api.shared_system_client import SharedSystemClient
+
+        with self._connect_lock:
+            log.debug("store changed on disk; reopening the Chroma client")
+            SharedSystemClient.clear_system_cache()
+            self._client = None
+            self._meta = None
+            self._client = self._connect()
+
+    def close(self) -> None:
+        with self._connect_lock:
+            self._client = None
+            self._meta = None
+
+    @property
+    def _generation_path(self) -> Path:
+        return self.settings.store / ".generation"
+
+    def _read_generation(self) -> str | None:
+        try:
+            return self._generation_path.read_text()
+        except OSError:
+            return None
+
+    # -- Chroma collections -------------------------------------------------------------------
+    def _get_raw(self, name: str) -> Any:
+        try:
+            return self.client.get_collection(name, embedding_function=None)
+        except StoreUnavailableError:
+            raise
+        except Exception:  # chromadb's NotFoundError (embedded: ValueError in older releases)
+            return None
+
+    def get_collection(self, name: str) -> Any:
+        validate_name(name)
+        col = self._get_raw(name)
+        if col is None:  # a reindex killed between its renames: the backup takes the name back
+            self.recover_swaps(only=name)
+            col = self._get_raw(name)
+        if col is None:
+            raise CollectionError(
+                f"Collection {name!r} not found",
+                guidance="Run `research-agent collections list` for the names; if a command on it was interrupted, "
+                "run `research-agent doctor --repair` (a reindex cut short is restored automatically).",
+                collection=name,
+            )
+        if "ra_schema_version" not in (col.metadata or {}):
+            raise CollectionError(f"{name!r} is not a research-agent collection", collection=name)
+        return col
+
+    def missing_collections(self, names: list[str]) -> list[str]:
+        """The names that are not research-agent collections, in one listing (lists may be long)."""
+        if len(names) > MAX_NAMES:
+            raise CollectionError(f"{len(names)} collection names given; at most {MAX_NAMES} at once",
+                                  guidance="Pass fewer collections, or group them in a project.")
+        existing = {c.name for c in self.list_collections()}
+        return [n for n in dict.fromkeys(names) if n not in existing]
+
+    def require_collections(self, names: list[str]) -> list[str]:
+        """`names` without repeats, or a CollectionError quoting (a few of) the unknown ones."""
+        missing = self.missing_collections(names)
+        if missing:
+            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            shown = ", ".join(str(n)[:100] for n in missing[:10]) + more
+            raise CollectionError(f"Unknown collections: {shown}", missing=missing[:10],
+                                  guidance="Run `research-agent collections list` for the names.")
+        return list(dict.fromkeys(names))
+
+    def has_collection(self, name: str) -> bool:
+        try:
+            self.get_collection(name)
+            return True
+        except CollectionError:
+            return False
+
+    def create_collection(self, name: str, metadata: dict[str, Any]) -> Any:
+        validate_name(name)
+        if self.has_collection(name):
+            raise CollectionError(
+                f"Collection {name!r} already exists",
+                guidance="Pick another name, or delete the existing one with `research-agent collections delete`.",
+                collection=name,
+            )
+        meta = {"hnsw:space": "cosine", "ra_schema_version": SCHEMA_VERSION, **metadata}
+        return self.client.create_collection(name, metadata=meta, embedding_function=None)
+
+    def list_collections(self) -> list[Any]:
+        # A reindex's working copies carry the collection's metadata but are never user collections: listing
+        # them broke every default-scope query with "prefix reserved" (issue 11 item 9).
+        listed = list(self.client.list_collections())
+        orphaned = {swap_target(c.name) for c in listed if c.name.startswith(BACKUP_PREFIX)} - {c.name for c in listed}
+        if orphaned - {None}:  # a reindex killed between its renames: give the backups their names back first
+            for name in sorted(orphaned - {None}):
+                self.recover_swaps(only=name)
+            listed = list(self.client.list_collections())
+        cols = [self.client.get_collection(c.name, embedding_function=None) if not hasattr(c, "metadata") else c
+                for c in listed if not c.name.startswith(RESERVED_PREFIX)]
+        return sorted((c for c in cols if "ra_schema_version" in (c.metadata or {})), key=lambda c: c.name)
+
+    def delete_collection(self, name: str) -> None:
+        self.client.delete_collection(name)
+
+    def rename_collection(self, col: Any, name: str) -> None:
+        col.modify(name=name)
+
+
+__all__ = ["MAX_NAMES", "SCHEMA_VERSION", "Store", "unreachable", "validate_name"]
