@@ -6,9 +6,14 @@ import logging
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from research_agent.config import Settings, load_settings
+
+if TYPE_CHECKING:  # annotations only: these pull in Chroma, torch or numpy, kept off `--help` and the MCP handshake
+    from research_agent.embeddings import Embedder
+    from research_agent.rerank import Reranker
+    from research_agent.storage.store import Store
 
 
 class Container:
@@ -19,11 +24,11 @@ class Container:
         # A one-shot process (a CLI command) pays every import once per call, a server once per life: the
         # reranker picks its backend by this (rerank.Reranker._numpy_model).
         self.one_shot = one_shot
-        self._store: Any = None
+        self._store: Store | None = None
         self._store_lock = threading.Lock()
 
     @property
-    def store(self):  # -> Store
+    def store(self) -> Store:
         # Locked: MCP tool calls run in worker threads, and two first calls each building a Store made two
         # Chroma clients on one path at once (Chroma's process-wide system cache broke: -32000s under load).
         if self._store is None:
@@ -35,7 +40,7 @@ class Container:
         return self._store
 
     @property
-    def embedder(self):  # -> Embedder
+    def embedder(self) -> Embedder:
         from research_agent.embeddings import load_embedder
 
         return load_embedder(self.settings)
@@ -47,7 +52,7 @@ class Container:
         return is_loaded(self.settings)
 
     @property
-    def reranker(self):  # -> Reranker
+    def reranker(self) -> Reranker:
         from research_agent.rerank import get_reranker
 
         return get_reranker(self.settings, one_shot=self.one_shot)

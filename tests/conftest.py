@@ -161,3 +161,14 @@ def chroma_server(_chroma_server_process):
                                  settings=ChromaSettings(anonymized_telemetry=False))
     for col in client.list_collections():
         client.delete_collection(col.name)
+
+
+def make_node(nid: str, parent: str | None = None, children=(), tokens: int = 60, document: str = "s.md"):
+    """A discovery Node for ranking logic tests (no store): `children` ids, `tokens` of its own text."""
+    from research_agent import discovery
+
+    n = discovery.Node(collection="k", id=nid, source_document=document, document_title=document[:1].upper(),
+                       header_path=nid, anchor=nid, type=None, status=None, parent_id=parent, blocked_by=[],
+                       last_checked=None, labels=[], description="")
+    n.children, n.own_tokens = list(children), tokens
+    return n

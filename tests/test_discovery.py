@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import make_node
 from research_agent import discovery, ingest
 from research_agent.catalog import collections
 from research_agent.discovery import ranking
@@ -355,11 +356,7 @@ def test_boosts_file_override_and_errors(container, fake_embedder, tmp_path, mon
 
 def test_collapse_rule_prefers_parent_only_for_close_children():
     def node(nid, parent=None, children=(), tokens=100):
-        n = discovery.Node(collection="k", id=nid, source_document="d.md", document_title="D", header_path=nid,
-                           anchor=nid, type=None, status=None, parent_id=parent, blocked_by=[], last_checked=None,
-                           labels=[], description="")
-        n.children, n.own_tokens = list(children), tokens
-        return n
+        return make_node(nid, parent, children, tokens, document="d.md")
 
     nodes = {"p": node("p", children=["x", "y", "z"], tokens=10), "x": node("x", "p"), "y": node("y", "p"),
              "z": node("z", "p")}
@@ -394,11 +391,7 @@ def test_collapse_needs_most_of_the_parents_children():
     """A server with 8 tools, two of which match, is two tools, not the server (issue 14: 31 of 139 top-3
     answers on the ToolGym set were whole server files)."""
     def node(nid, parent=None, children=(), tokens=30):
-        n = discovery.Node(collection="k", id=nid, source_document="s.md", document_title="S", header_path=nid,
-                           anchor=nid, type=None, status=None, parent_id=parent, blocked_by=[], last_checked=None,
-                           labels=[], description="")
-        n.children, n.own_tokens = list(children), tokens
-        return n
+        return make_node(nid, parent, children, tokens)
 
     tools = [f"t{i}" for i in range(8)]
     nodes = {"root": node("root", children=tools, tokens=20), **{t: node(t, "root") for t in tools}}

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import make_node
 from research_agent import discovery, ingest
 from research_agent.catalog import collections
 from research_agent.discovery import ranking, scoring
@@ -19,12 +20,7 @@ from research_agent.discovery import ranking, scoring
 SLICE = Path(__file__).parent / "fixtures" / "toolgym"
 
 
-def _node(nid, parent=None, children=(), tokens=60):
-    n = discovery.Node(collection="k", id=nid, source_document="s.md", document_title="S", header_path=nid,
-                       anchor=nid, type=None, status=None, parent_id=parent, blocked_by=[], last_checked=None,
-                       labels=[], description="")
-    n.children, n.own_tokens = list(children), tokens
-    return n
+_node = make_node
 
 
 def _scored(nodes, evidence):

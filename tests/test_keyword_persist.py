@@ -14,6 +14,7 @@ import pytest
 from research_agent.catalog import collections, notes as augment
 from research_agent.catalog.collections import open_collection
 from research_agent.search import keyword_index as keyword, service as query
+from research_agent.storage.revision_cache import RevisionCache
 
 ANIMALS = [("Okapi", "Okapis live in the Ituri rainforest and eat leaves."),
            ("Narwhal", "Narwhals have one long tusk and live in arctic waters."),
@@ -28,7 +29,7 @@ def ranked(c, text: str) -> list[tuple[str, float]]:
 
 def new_process(monkeypatch) -> None:
     """What a new process starts with: no index in memory."""
-    monkeypatch.setattr(keyword, "_cache", {})
+    monkeypatch.setattr(keyword, "_cache", RevisionCache())
 
 
 def saved(c) -> list[Path]:

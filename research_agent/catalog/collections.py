@@ -7,13 +7,16 @@ share `Deleted` and `now_iso` through catalog/common.py. Both names stay importa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from research_agent.catalog import projects
 from research_agent.catalog.common import Deleted, now_iso
 from research_agent.errors import CollectionError
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 COLLECTION_TYPES = ("fundamental", "project-specific")
 
@@ -34,7 +37,7 @@ class CollectionList(BaseModel):
     collections: list[CollectionInfo]
 
 
-def open_collection(c, name: str, *, check_model: bool = True) -> Any:
+def open_collection(c: Container, name: str, *, check_model: bool = True) -> Any:
     """The Chroma collection for `name`; a model mismatch is a CollectionError that says to reindex."""
     col = c.store.get_collection(name)
     built_with = (col.metadata or {}).get("embedding_model")
@@ -49,7 +52,7 @@ def open_collection(c, name: str, *, check_model: bool = True) -> Any:
     return col
 
 
-def _info(c, col: Any, project_links: dict[str, list[str]]) -> CollectionInfo:
+def _info(c: Container, col: Any, project_links: dict[str, list[str]]) -> CollectionInfo:
     meta = col.metadata or {}
     docs = c.store.registry_find("document", col.name)
     return CollectionInfo(
@@ -65,7 +68,7 @@ def _info(c, col: Any, project_links: dict[str, list[str]]) -> CollectionInfo:
     )
 
 
-def _project_links(c) -> dict[str, list[str]]:
+def _project_links(c: Container) -> dict[str, list[str]]:
     links: dict[str, list[str]] = {}
     for rec in c.store.registry_find("project").values():
         for name in rec.get("collections", []):
@@ -80,7 +83,7 @@ def _check_type(type: str) -> None:
         )
 
 
-def create_collection(c, name: str, type: str = "project-specific", description: str = "",
+def create_collection(c: Container, name: str, type: str = "project-specific", description: str = "",
                       project: str | None = None) -> CollectionInfo:
     """Create an empty collection (and link it to `project` when given)."""
     _check_type(type)
@@ -105,7 +108,7 @@ def create_collection(c, name: str, type: str = "project-specific", description:
     return get_collection_info(c, name)
 
 
-def list_collections(c, type: str | None = None, project: str | None = None) -> CollectionList:
+def list_collections(c: Container, type: str | None = None, project: str | None = None) -> CollectionList:
     if type:
         _check_type(type)
     c.store.refresh()
@@ -117,17 +120,17 @@ def list_collections(c, type: str | None = None, project: str | None = None) -> 
     return CollectionList(collections=infos)
 
 
-def get_collection_info(c, name: str) -> CollectionInfo:
+def get_collection_info(c: Container, name: str) -> CollectionInfo:
     c.store.refresh()
     return _info(c, c.store.get_collection(name), _project_links(c))
 
 
-def _has_records(c, name: str) -> bool:
+def _has_records(c: Container, name: str) -> bool:
     """Whether a delete of `name` was cut short: its records (manifests, intents, links) outlived it."""
     return bool(c.store.meta.get(where={"collection": name}, include=[], limit=1)["ids"]) or name in _project_links(c)
 
 
-def delete_collection(c, name: str) -> Deleted:
+def delete_collection(c: Container, name: str) -> Deleted:
     """Delete the collection, its documents and its links from projects.
 
     The Chroma collection goes first (queries stop at once), then its records. A kill in between leaves

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel
 
 from research_agent.catalog.collections import now_iso, open_collection
 from research_agent.errors import DocumentError
 from research_agent.ingest.prepare import PreparedDocument, chunk_parsed, content_hash, document_key
 from research_agent.ingest.service import recover_if_needed, write_documents
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 
 class AugmentResult(BaseModel):
@@ -23,7 +28,7 @@ class AugmentResult(BaseModel):
 MAX_RESEARCH_CHARS = 2_000_000
 
 
-def add_research(c, collection: str, content: str, source: str, title: str | None = None,
+def add_research(c: Container, collection: str, content: str, source: str, title: str | None = None,
                  kind: str = "research") -> AugmentResult:
     """Store research text (Markdown) with its source; the same content from the same source is stored once."""
     from research_agent.ingest.parsing import parse_text
@@ -57,7 +62,7 @@ def add_research(c, collection: str, content: str, source: str, title: str | Non
                          chunks_written=written, status="added")
 
 
-def add_note(c, collection: str, content: str, title: str, source: str | None = None) -> AugmentResult:
+def add_note(c: Container, collection: str, content: str, title: str, source: str | None = None) -> AugmentResult:
     """A note is a research document of kind `note` with a stable id that update_note replaces in place."""
     import uuid
 
@@ -67,7 +72,7 @@ def add_note(c, collection: str, content: str, title: str, source: str | None = 
     return _write_note(c, collection, document, content, title.strip(), source or document, status="added")
 
 
-def update_note(c, collection: str, document: str, content: str, title: str | None = None) -> AugmentResult:
+def update_note(c: Container, collection: str, document: str, content: str, title: str | None = None) -> AugmentResult:
     """Replace a note's content (and title) in place; queries never see both versions."""
     from research_agent.ingest.documents import find_document
 
@@ -80,7 +85,8 @@ def update_note(c, collection: str, document: str, content: str, title: str | No
                        status="updated")
 
 
-def _write_note(c, collection: str, document: str, content: str, title: str, source: str, status: str) -> AugmentResult:
+def _write_note(c: Container, collection: str, document: str, content: str, title: str, source: str,
+                status: str) -> AugmentResult:
     from research_agent.ingest.parsing import parse_text
 
     if not isinstance(content, str) or not content.strip():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -10,6 +10,9 @@ from research_agent.catalog.common import Deleted, now_iso
 from research_agent.errors import CollectionError
 from research_agent.storage.registry import project_key
 from research_agent.storage.store import validate_name
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 
 class ProjectInfo(BaseModel):
@@ -24,7 +27,7 @@ class ProjectList(BaseModel):
     projects: list[ProjectInfo]
 
 
-def require_project(c, name: str) -> dict[str, Any]:
+def require_project(c: Container, name: str) -> dict[str, Any]:
     c.store.refresh()
     rec = c.store.registry_get([project_key(name)]).get(project_key(name))
     if rec is None:
@@ -36,18 +39,18 @@ def require_project(c, name: str) -> dict[str, Any]:
     return rec
 
 
-def _save(c, rec: dict[str, Any]) -> ProjectInfo:
+def _save(c: Container, rec: dict[str, Any]) -> ProjectInfo:
     c.store.registry_put({project_key(rec["name"]): rec}, "project")
     return ProjectInfo(**rec)
 
 
-def _require_collections(c, names: list[str]) -> list[str]:
+def _require_collections(c: Container, names: list[str]) -> list[str]:
     if not names:
         raise CollectionError("No collections given", guidance="Pass --collections a,b.")
     return c.store.require_collections(names)
 
 
-def create_project(c, name: str, description: str = "") -> ProjectInfo:
+def create_project(c: Container, name: str, description: str = "") -> ProjectInfo:
     validate_name(name, "project")
     with c.store.write_lock():
         if c.store.registry_get([project_key(name)]):
@@ -56,17 +59,17 @@ def create_project(c, name: str, description: str = "") -> ProjectInfo:
                          "default_collections": [], "created_at": now_iso()})
 
 
-def list_projects(c) -> ProjectList:
+def list_projects(c: Container) -> ProjectList:
     c.store.refresh()
     recs = sorted(c.store.registry_find("project").values(), key=lambda r: r["name"])
     return ProjectList(projects=[ProjectInfo(**r) for r in recs])
 
 
-def get_project_info(c, name: str) -> ProjectInfo:
+def get_project_info(c: Container, name: str) -> ProjectInfo:
     return ProjectInfo(**require_project(c, name))
 
 
-def delete_project(c, name: str) -> Deleted:
+def delete_project(c: Container, name: str) -> Deleted:
     """Delete the project; its collections stay."""
     require_project(c, name)
     with c.store.write_lock():
@@ -74,14 +77,14 @@ def delete_project(c, name: str) -> Deleted:
     return Deleted(deleted=name, kind="project")
 
 
-def link_collections(c, name: str, collections: list[str]) -> ProjectInfo:
+def link_collections(c: Container, name: str, collections: list[str]) -> ProjectInfo:
     with c.store.write_lock():
         rec = require_project(c, name)
         rec["collections"] = list(dict.fromkeys(rec["collections"] + _require_collections(c, collections)))
         return _save(c, rec)
 
 
-def unlink_collections(c, name: str, collections: list[str]) -> ProjectInfo:
+def unlink_collections(c: Container, name: str, collections: list[str]) -> ProjectInfo:
     with c.store.write_lock():
         rec = require_project(c, name)
         not_linked = [n for n in collections if n not in rec["collections"]]
@@ -92,7 +95,7 @@ def unlink_collections(c, name: str, collections: list[str]) -> ProjectInfo:
         return _save(c, rec)
 
 
-def set_default_collections(c, name: str, collections: list[str]) -> ProjectInfo:
+def set_default_collections(c: Container, name: str, collections: list[str]) -> ProjectInfo:
     """Set the collections a `--project` query searches; they are linked first if they are not."""
     with c.store.write_lock():
         rec = require_project(c, name)
@@ -102,7 +105,7 @@ def set_default_collections(c, name: str, collections: list[str]) -> ProjectInfo
         return _save(c, rec)
 
 
-def drop_collection_links(c, collection: str) -> None:
+def drop_collection_links(c: Container, collection: str) -> None:
     """Called (under the write lock) when a collection is deleted."""
     changed = {}
     for key, rec in c.store.registry_find("project").items():

@@ -11,12 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from research_agent.discovery.analysis import parse_date
 from research_agent.discovery.node_index import Node
 from research_agent.errors import ConfigError
 from research_agent.text import content_terms as terms
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 BOOSTS_FILE = Path(__file__).with_name("task_boosts.yaml")
 
@@ -69,7 +72,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def boosts_for(c) -> dict[str, Any]:
+def boosts_for(c: Container) -> dict[str, Any]:
     """The merged boosts for the container's settings, re-read when the user file's mtime changes."""
     path = c.settings.discovery_boosts_file
     key = str(path or "")

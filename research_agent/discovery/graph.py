@@ -9,9 +9,14 @@ no node as `missing` and the blocked_by cycles it met as `cycles`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from research_agent.discovery.models import DIRECTIONS, DependencyEdge, DependencyGraph, DependencyNode
 from research_agent.discovery.node_index import Node, NodeIndex, load_indexes, resolve_id
 from research_agent.errors import DocumentError, QueryError
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 # (neighbour id, edge source, edge target, kind)
 _Link = tuple[str, str, str, str]
@@ -41,7 +46,7 @@ def _find_root(indexes: list[NodeIndex], node_id: str) -> tuple[NodeIndex, Node]
     return found[0]
 
 
-def get_dependencies(c, node_id: str, *, direction: str = "both", depth: int = 1,
+def get_dependencies(c: Container, node_id: str, *, direction: str = "both", depth: int = 1,
                      collections: list[str] | None = None) -> DependencyGraph:
     """Nodes reached through blocked_by and parent/child links, breadth first, cycle-safe."""
     s = c.settings

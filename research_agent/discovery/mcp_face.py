@@ -8,16 +8,20 @@ stays in node_index.py.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from research_agent.discovery.analysis import count_tokens
 from research_agent.discovery.node_index import Node, NodeIndex, load_indexes
 from research_agent.errors import CollectionError, DocumentError
 
+if TYPE_CHECKING:
+    from research_agent.container import Container
+
 RESOURCE_TEMPLATE = "knowledge://{collection}/{path}"
 
 
-def read_knowledge_resource(c, collection: str, path: str, node_id: str | None = None) -> tuple[str, dict[str, Any]]:
+def read_knowledge_resource(c: Container, collection: str, path: str,
+                            node_id: str | None = None) -> tuple[str, dict[str, Any]]:
     """Text and metadata of `knowledge://{collection}/{path}[#{node_id}]`: the whole file without a fragment,
     else the node (its id or its anchor) with its sub-sections."""
     (ix,) = load_indexes(c, [collection])
@@ -53,7 +57,7 @@ def _file_metadata(ix: NodeIndex, path: str, nodes: list[Node]) -> dict[str, Any
             "node_count": len(nodes), "nodes": [n.id for n in nodes]}
 
 
-def list_knowledge_resources(c) -> list[dict[str, Any]]:
+def list_knowledge_resources(c: Container) -> list[dict[str, Any]]:
     """One resource per ingested file: uri knowledge://{collection}/{path}, name, mimeType, metadata."""
     try:
         indexes = load_indexes(c, None)

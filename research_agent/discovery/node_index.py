@@ -7,23 +7,26 @@ and last_checked down the tree, and keeps every chunk's embedding in one L2-norm
 that dense candidates are one matrix product (5,000 nodes: a few ms) instead of a Chroma query.
 
 The cache is keyed by (store location, Chroma collection id) and checked against the store's
-revision counter, so any process's write rebuilds it on the next call. It duplicates the revision
-cache of research_agent/search/keyword_index.py (which also holds a per-collection build lock; this one does
-not, so two concurrent first calls build twice): issue 13 unifies them.
+revision counter, so any process's write rebuilds it on the next call. It is the same revision cache as the
+keyword index's (research_agent/storage/revision_cache.py), with its per-collection build lock: two
+concurrent first calls (MCP worker threads) build once, not twice.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from research_agent.discovery.analysis import count_tokens, first_sentence, parse_date
 from research_agent.storage.chunks import visible_chunks
+from research_agent.storage.revision_cache import RevisionCache
 from research_agent.text import discovery_terms as terms
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +112,14 @@ class NodeIndex:
         return out
 
 
-_cache: dict[tuple[str, str], tuple[int, NodeIndex]] = {}
-_cache_lock = threading.Lock()
+#: (store location, Chroma collection id) -> the node index, stamped with the collection's revision.
+_cache: RevisionCache[NodeIndex] = RevisionCache()
 
 # (document rank, chunk sequence, source document, text, metadata, embedding)
 _Row = tuple[int, int, str, str, dict[str, Any], Any]
 
 
-def _current_rows(c, collection: str, col: Any) -> list[_Row]:
+def _current_rows(c: Container, collection: str, col: Any) -> list[_Row]:
     """Every chunk whose document manifest points at its version, in document then chunk order."""
     found = list(visible_chunks(c.store, collection, col, embeddings=True))
     rank = {d: i for i, d in enumerate(sorted({meta.get("source_document") for _, _, meta, _ in found}))}
@@ -205,7 +208,7 @@ def _inherit(nodes: dict[str, Node], order: list[str]) -> None:
         node.eff_last_checked = next((n.last_checked for n in chain if n.last_checked), None)
 
 
-def _build_index(c, collection: str, col: Any) -> NodeIndex:
+def _build_index(c: Container, collection: str, col: Any) -> NodeIndex:
     rows = _current_rows(c, collection, col)
     nodes, order, documents = _group(collection, rows)
     matrix = _unit_matrix(rows)
@@ -228,24 +231,16 @@ def ancestors(nodes: dict[str, Node], node: Node) -> list[Node]:
     return chain
 
 
-def node_index(c, collection: str) -> NodeIndex:
+def node_index(c: Container, collection: str) -> NodeIndex:
     """The cached node index of a collection; rebuilt when its revision moved (any process's write)."""
     from research_agent.catalog.collections import open_collection
 
     col = open_collection(c, collection, check_model=False)
     key = (c.store.location, str(col.id))
-    rev = c.store.revision(collection)
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit and hit[0] == rev:
-            return hit[1]
-    index = _build_index(c, collection, col)
-    with _cache_lock:
-        _cache[key] = (rev, index)
-    return index
+    return _cache.get_or_build(key, c.store.revision(collection), lambda: _build_index(c, collection, col))
 
 
-def load_indexes(c, collections: list[str] | None, project: str | None = None) -> list[NodeIndex]:
+def load_indexes(c: Container, collections: list[str] | None, project: str | None = None) -> list[NodeIndex]:
     """The node indexes of the named collections (all of them, or a project's, when none are named)."""
     from research_agent.search.service import resolve_collections
 

@@ -23,13 +23,16 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from research_agent.discovery import scoring
 from research_agent.discovery.boosts import BoostRules, boosts_for
 from research_agent.discovery.models import Recommendation
 from research_agent.discovery.node_index import Node, NodeIndex, ancestors, unit
 from research_agent.text import discovery_terms as terms, surface_words
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 # The protocol's thresholds.
 MUST_LOAD, SHOULD_LOAD, CONSIDER = 0.9, 0.7, 0.5
@@ -98,7 +101,7 @@ class Nominated:
     keyword: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
 
 
-def candidates(c, task: str, indexes: list[NodeIndex], qvec: Any, n: int,
+def candidates(c: Container, task: str, indexes: list[NodeIndex], qvec: Any, n: int,
                timings: dict[str, float]) -> Nominated:
     """The nodes the task nominates (with their parents), and the keyword evidence of each.
 
@@ -164,7 +167,7 @@ def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
     return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task, terms))
 
 
-def score_nodes(c, task: str, indexes: list[NodeIndex], nominated: Nominated,
+def score_nodes(c: Container, task: str, indexes: list[NodeIndex], nominated: Nominated,
                 qvec: Any, task_type: str | None, current_file: str | None) -> list[Scored]:
     """Every candidate node scored by the calibrated model (scoring.py) times its boosts, with its evidence."""
     words = _task_words(task, indexes)

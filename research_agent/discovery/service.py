@@ -14,7 +14,7 @@ is graph.py's get_dependencies, the MCP resources and prompts are in mcp_face.py
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from research_agent.discovery import ranking
 from research_agent.discovery.analysis import count_tokens, parse_date, to_plain
@@ -33,6 +33,9 @@ from research_agent.discovery.models import (
 from research_agent.discovery.node_index import Node, NodeIndex, load_indexes, node_index, resolve_id, unit
 from research_agent.errors import CollectionError, DocumentError, QueryError
 from research_agent.storage.registry import project_key
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 
 # -- discover_context --------------------------------------------------------------------------------------
@@ -54,8 +57,8 @@ def _validate_task_type(task_type: str | None) -> str | None:
     return task_type
 
 
-def discover_context(c, task_description: str, *, task_type: str | None = None, current_file: str | None = None,
-                     max_results: int = 5, collections: list[str] | None = None,
+def discover_context(c: Container, task_description: str, *, task_type: str | None = None,
+                     current_file: str | None = None, max_results: int = 5, collections: list[str] | None = None,
                      project: str | None = None) -> DiscoveryResult:
     """A ranked, explained reading list of knowledge nodes for a task.
 
@@ -143,7 +146,7 @@ def _checked_ids(ids: Any, settings: Any, format: str) -> list[str]:
     return ids
 
 
-def retrieve_knowledge(c, ids: list[str], *, include_children: bool = False, format: str = "markdown",
+def retrieve_knowledge(c: Container, ids: list[str], *, include_children: bool = False, format: str = "markdown",
                        collections: list[str] | None = None) -> RetrievalResult:
     """Full content of nodes, reassembled from their chunks in document order.
 
@@ -188,7 +191,7 @@ def _knowledge_base(ix: NodeIndex, source: str, all_nodes: list[Node], nodes: li
     )
 
 
-def list_knowledge_bases(c, *, filter_type: str | None = None, filter_status: str | None = None,
+def list_knowledge_bases(c: Container, *, filter_type: str | None = None, filter_status: str | None = None,
                          collections: list[str] | None = None) -> KnowledgeBaseList:
     """The catalogue of ingested files with their nodes (filters match a node's own or inherited type/status)."""
     try:
@@ -211,7 +214,7 @@ def list_knowledge_bases(c, *, filter_type: str | None = None, filter_status: st
 
 
 # -- search_knowledge ---------------------------------------------------------------------------------
-def search_knowledge(c, query: str, *, search_type: str = "hybrid", scope: str | list[str] | None = None,
+def search_knowledge(c: Container, query: str, *, search_type: str = "hybrid", scope: str | list[str] | None = None,
                      max_results: int = 10):
     """query.query_knowledge scoped to knowledge collections: `scope` is collection names or a project name."""
     from research_agent.search.service import query_knowledge

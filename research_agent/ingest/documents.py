@@ -7,7 +7,7 @@ manifest names (version_ids), so a reader never sees a half-written new version.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -15,6 +15,9 @@ from research_agent.catalog.collections import open_collection
 from research_agent.errors import DocumentError
 from research_agent.ingest.prepare import document_key, version_ids
 from research_agent.storage.chunks import records
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 
 class DocumentInfo(BaseModel):
@@ -33,7 +36,7 @@ class DocumentList(BaseModel):
     documents: list[DocumentInfo]
 
 
-def list_documents(c, collection: str) -> DocumentList:
+def list_documents(c: Container, collection: str) -> DocumentList:
     c.store.refresh()
     open_collection(c, collection, check_model=False)
     recs = sorted(c.store.registry_find("document", collection).values(), key=lambda m: m["document"])
@@ -43,7 +46,7 @@ def list_documents(c, collection: str) -> DocumentList:
     )
 
 
-def find_document(c, collection: str, document: str) -> dict[str, dict[str, Any]]:
+def find_document(c: Container, collection: str, document: str) -> dict[str, dict[str, Any]]:
     """The manifest of `document` (its key, or a path that resolves to a recorded file)."""
     key = document_key(collection, document)
     found = c.store.registry_get([key])
@@ -86,7 +89,7 @@ class DocumentChunks(BaseModel):
     chunks: list[ChunkView]
 
 
-def _current_chunks(c, collection: str, document: str) -> tuple[dict[str, Any], list[ChunkView]]:
+def _current_chunks(c: Container, collection: str, document: str) -> tuple[dict[str, Any], list[ChunkView]]:
     """The manifest of `document` (key or file path) and its visible chunks, in document order."""
     c.store.refresh()
     manifest = next(iter(find_document(c, collection, document).values()))
@@ -100,7 +103,7 @@ def _current_chunks(c, collection: str, document: str) -> tuple[dict[str, Any], 
     return manifest, chunks
 
 
-def get_document(c, collection: str, document: str) -> DocumentContent:
+def get_document(c: Container, collection: str, document: str) -> DocumentContent:
     """A document's full text, reassembled from its chunks in order (by document id or file path)."""
     manifest, chunks = _current_chunks(c, collection, document)
     return DocumentContent(collection=collection, document=manifest["document"], title=manifest["title"],
@@ -109,7 +112,7 @@ def get_document(c, collection: str, document: str) -> DocumentContent:
                            content="\n\n".join(ch.content for ch in chunks))
 
 
-def get_document_chunks(c, collection: str, document: str) -> DocumentChunks:
+def get_document_chunks(c: Container, collection: str, document: str) -> DocumentChunks:
     """A document's chunks in order, with their header paths and content types."""
     manifest, chunks = _current_chunks(c, collection, document)
     return DocumentChunks(collection=collection, document=manifest["document"], title=manifest.get("title"),

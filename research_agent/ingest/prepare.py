@@ -12,11 +12,14 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from research_agent.errors import DocumentError
 from research_agent.ingest import folder
 from research_agent.storage.registry import document_key  # noqa: F401 - re-exported by ingest
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 
 @dataclass
@@ -96,7 +99,7 @@ def iter_folder(folder_path: Path, *, recursive: bool, include: Iterable[str], e
 
 
 # -- preparing --------------------------------------------------------------------------------
-def check_size(c, path: Path) -> int:
+def check_size(c: Container, path: Path) -> int:
     """Refuse a special file or one over its size limit before reading a byte; returns the limit in bytes.
 
     The stat comes first so a FIFO or device is never even opened; read_regular_file checks again on the
@@ -113,7 +116,7 @@ def check_size(c, path: Path) -> int:
     return limit
 
 
-def chunk_parsed(c, parsed: Any, document: str, title: str) -> list[Any]:
+def chunk_parsed(c: Container, parsed: Any, document: str, title: str) -> list[Any]:
     """Chunks of a parsed document, each fitting the embedder's own token limit with its title line (see
     chunking.chunk_document): sized by an estimate, 58 % of SciFact's chunks overflowed MiniLM's 256 tokens."""
     from research_agent.embeddings import chunk_limits
@@ -123,7 +126,7 @@ def chunk_parsed(c, parsed: Any, document: str, title: str) -> list[Any]:
 
 
 def prepare_file(
-    c, path: Path, document: str, *, title: str | None = None, raw: bytes | None = None
+    c: Container, path: Path, document: str, *, title: str | None = None, raw: bytes | None = None
 ) -> PreparedDocument:
     """Parse and chunk one file (DocumentError when it cannot be used; OSError when it cannot be read).
 

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from pydantic import BaseModel
 
@@ -38,6 +38,9 @@ from research_agent.ingest.prepare import (
     version_ids,
 )
 from research_agent.storage.registry import intent_key
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ ProgressFn = Callable[[IngestProgress], None]
 
 
 # -- writing ----------------------------------------------------------------------------------
-def write_documents(c, collection: str, docs: list[PreparedDocument]) -> int:
+def write_documents(c: Container, collection: str, docs: list[PreparedDocument]) -> int:
     """Embed and write documents; each becomes visible at once when its manifest flips."""
     if not docs:
         return 0
@@ -147,17 +150,17 @@ def delete_chunks(col: Any, ids: list[str]) -> None:
 STALE_INTENT_SECONDS = 600.0
 
 
-def _write_intent(c, collection: str, versions: list[dict[str, Any]]) -> str:
+def _write_intent(c: Container, collection: str, versions: list[dict[str, Any]]) -> str:
     key = intent_key(collection)
     c.store.registry_put({key: {"versions": versions, "created": time.time()}}, "intent", collection)
     return key
 
 
-def _clear_intent(c, key: str) -> None:
+def _clear_intent(c: Container, key: str) -> None:
     c.store.registry_delete([key])
 
 
-def recover_interrupted(c, collection: str, col: Any, *, min_age: float | None = None) -> int:
+def recover_interrupted(c: Container, collection: str, col: Any, *, min_age: float | None = None) -> int:
     """Undo writes that were killed midway (under the write lock): drop chunks no manifest points at.
 
     Embedded stores serialize writers, so every intent found is a dead writer's; on a Chroma server
@@ -181,7 +184,7 @@ def recover_interrupted(c, collection: str, col: Any, *, min_age: float | None =
     return removed
 
 
-def recover_if_needed(c, collection: str) -> None:
+def recover_if_needed(c: Container, collection: str) -> None:
     """Recover a crashed writer's leftovers before new work (cheap when there are none)."""
     if c.store.registry_find("intent", collection):
         col = open_collection(c, collection, check_model=False)
@@ -197,7 +200,7 @@ def _ensure_dimension(col: Any, dimension: int) -> None:
         col.modify(metadata={k: v for k, v in meta.items() if not k.startswith("hnsw:")})
 
 
-def delete_documents(c, collection: str, manifests: dict[str, dict[str, Any]]) -> int:
+def delete_documents(c: Container, collection: str, manifests: dict[str, dict[str, Any]]) -> int:
     """Remove documents: manifest first (invisible at once), then their chunks."""
     if not manifests:
         return 0
@@ -215,8 +218,9 @@ def delete_documents(c, collection: str, manifests: dict[str, dict[str, Any]]) -
 
 
 # -- the service --------------------------------------------------------------------------------
-def ingest_path(c, path: str | Path, collection: str, *, recursive: bool = False, include: Iterable[str] = (),
-                exclude: Iterable[str] = (), prune: bool = False, title: str | None = None, strict: bool = False,
+def ingest_path(c: Container, path: str | Path, collection: str, *, recursive: bool = False,
+                include: Iterable[str] = (), exclude: Iterable[str] = (), prune: bool = False,
+                title: str | None = None, strict: bool = False,
                 progress: ProgressFn | None = None, allowed_roots: list[Path] | None = None) -> IngestReport:
     """Ingest a file or a folder; unchanged files are skipped by content hash.
 
@@ -279,7 +283,7 @@ def _missing_target_guidance(target: Path, collection: str, prune: bool) -> str:
             "(--dry-run first shows what).")
 
 
-def prune_missing(c, collection: str, under: str | Path | None = None, *, dry_run: bool = False,
+def prune_missing(c: Container, collection: str, under: str | Path | None = None, *, dry_run: bool = False,
                   allowed_roots: list[Path] | None = None) -> IngestReport:
     """Remove the file documents of `collection` whose recorded file is really gone (folder.why_kept_missing),
     wherever they were ingested from: the way out after renaming or moving an ingested folder, which
@@ -321,7 +325,7 @@ def _prune_scope(under: str | Path | None, allowed_roots: list[Path] | None) -> 
     return scope
 
 
-def _plan(c, target: Path, collection: str, existing: dict[str, dict[str, Any]], *, recursive: bool,
+def _plan(c: Container, target: Path, collection: str, existing: dict[str, dict[str, Any]], *, recursive: bool,
           include: Iterable[str], exclude: Iterable[str],
           allowed_roots: list[Path] | None) -> tuple[folder.FolderWalk | None, list[tuple[Path, str]]]:
     """The walk (None for a single file) and the (file, document key) pairs to read."""
@@ -339,7 +343,7 @@ def _plan(c, target: Path, collection: str, existing: dict[str, dict[str, Any]],
     return walk, [(f, source_name(f, target, walk.prefix)) for f in walk.files]
 
 
-def _read_and_write(c, collection: str, files: list[tuple[Path, str]], existing: dict[str, dict[str, Any]],
+def _read_and_write(c: Container, collection: str, files: list[tuple[Path, str]], existing: dict[str, dict[str, Any]],
                     report: IngestReport, *, title: str | None, single: bool, problem: Callable[..., None],
                     notify: ProgressFn) -> None:
     """Read, parse and write each file in batches of about EMBED_BATCH_CHUNKS chunks; problems go to `problem`."""
@@ -372,7 +376,7 @@ def _read_and_write(c, collection: str, files: list[tuple[Path, str]], existing:
                           chunks_done=report.chunks_written, chunks_total=total))
 
 
-def _read_one(c, file: Path, document: str, prev: dict[str, Any] | None, report: IngestReport, *,
+def _read_one(c: Container, file: Path, document: str, prev: dict[str, Any] | None, report: IngestReport, *,
               title: str | None, single: bool, problem: Callable[..., None]) -> PreparedDocument | None:
     """The prepared document, or None (unchanged, or a problem reported through `problem`)."""
     try:
@@ -406,7 +410,7 @@ def _read_one(c, file: Path, document: str, prev: dict[str, Any] | None, report:
     return None
 
 
-def remove_document(c, collection: str, document: str) -> Deleted:
+def remove_document(c: Container, collection: str, document: str) -> Deleted:
     c.store.refresh()
     recover_if_needed(c, collection)
     found = find_document(c, collection, document)
@@ -414,7 +418,7 @@ def remove_document(c, collection: str, document: str) -> Deleted:
     return Deleted(deleted=next(iter(found.values()))["document"], kind="document", chunks_removed=removed)
 
 
-def reindex_collection(c, collection: str, progress: ProgressFn | None = None) -> IngestReport:
+def reindex_collection(c: Container, collection: str, progress: ProgressFn | None = None) -> IngestReport:
     """Re-embed every chunk with the configured model (after the model changed).
 
     The whole run holds the write lock, taken before the manifests are read: a batch another process

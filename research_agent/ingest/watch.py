@@ -5,15 +5,18 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from research_agent.ingest.service import IngestReport, ingest_path
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 log = logging.getLogger(__name__)
 
 
 def watch_folder(
-    c,
+    c: Container,
     path: str | Path,
     collection: str,
     *,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -12,6 +12,9 @@ from research_agent.ingest.prepare import version_ids
 from research_agent.ingest.service import delete_chunks, recover_interrupted
 from research_agent.storage.chunks import all_ids
 from research_agent.storage.swaps import swap_target
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 #: Documents named per collection when their files are gone (the count is always given).
 MISSING_EXAMPLES = 5
@@ -38,7 +41,7 @@ class DoctorReport(BaseModel):
     advice: list[str] = []
 
 
-def _check_collection(c, col: Any, repair: bool, actions: list[str]) -> CollectionCheck:
+def _check_collection(c: Container, col: Any, repair: bool, actions: list[str]) -> CollectionCheck:
     name = col.name
     if repair:
         with c.store.write_lock():
@@ -87,7 +90,7 @@ def _advice(checks: list[CollectionCheck]) -> list[str]:
             "to remove them" for ch in checks if ch.missing_files]
 
 
-def _swap_leftovers(c, repair: bool, actions: list[str]) -> list[str]:
+def _swap_leftovers(c: Container, repair: bool, actions: list[str]) -> list[str]:
     """A reindex's working copies and backups; repair restores or drops them, never a backup holding more."""
     if not repair:
         return c.store.swap_leftovers()
@@ -99,7 +102,7 @@ def _swap_leftovers(c, repair: bool, actions: list[str]) -> list[str]:
     return left
 
 
-def run_doctor(c, repair: bool = False) -> DoctorReport:
+def run_doctor(c: Container, repair: bool = False) -> DoctorReport:
     """Find orphan chunks, incomplete documents and leftovers of an interrupted reindex; fix them with repair."""
     c.store.refresh()
     actions: list[str] = []

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel
 
 from research_agent import __version__
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 
 class StatusReport(BaseModel):
@@ -29,7 +34,7 @@ class StatusReport(BaseModel):
     projects: int = 0
 
 
-def get_status(c, check_reranker: bool = False) -> StatusReport:
+def get_status(c: Container, check_reranker: bool = False) -> StatusReport:
     """Counts from the store; with check_reranker the reranker is loaded to report whether it works."""
     s = c.settings
     rr = c.reranker

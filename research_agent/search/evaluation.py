@@ -19,11 +19,14 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from pydantic import BaseModel
 
 from research_agent.errors import DocumentError, QueryError
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 EVAL_MODES = ("semantic", "keyword", "hybrid", "hybrid+rerank")
 
@@ -144,7 +147,7 @@ def iter_beir_corpus(path: str | Path, limit: int | None = None) -> Iterable[dic
             yield json.loads(line)
 
 
-def ingest_beir_corpus(c, collection: str, corpus_jsonl: str | Path, limit: int | None = None,
+def ingest_beir_corpus(c: Container, collection: str, corpus_jsonl: str | Path, limit: int | None = None,
                        progress: Callable[[BeirIngestProgress], None] | None = None, batch: int = 256,
                        suffix: str | None = None) -> int:
     """Write each corpus entry as a document whose key is its `_id` (title as document title, text chunked).
@@ -195,14 +198,14 @@ def _parse_entry(text: str, title: str, suffix: str | None) -> Any:
 
 
 # -- evaluate ------------------------------------------------------------------------------------
-def _run_mode(c, collection: str, mode: str) -> tuple[str, bool]:
+def _run_mode(c: Container, collection: str, mode: str) -> tuple[str, bool]:
     base, _, extra = mode.partition("+")
     if base not in ("semantic", "keyword", "hybrid") or extra not in ("", "rerank"):
         raise QueryError(f"Unknown evaluation mode {mode!r}", guidance=f"Use some of: {', '.join(EVAL_MODES)}.")
     return base, extra == "rerank"
 
 
-def evaluate(c, collection: str, queries_file: str | Path, qrels_file: str | Path, k: int = 10,
+def evaluate(c: Container, collection: str, queries_file: str | Path, qrels_file: str | Path, k: int = 10,
              modes: Iterable[str] = EVAL_MODES, *, limit: int | None = None,
              progress: Callable[[str, int, int], None] | None = None) -> EvalReport:
     """nDCG@k, Recall@k and MRR@k of each mode over the judged queries (BEIR files).

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from research_agent.catalog.collections import now_iso
 from research_agent.storage.registry import HISTORY, history_key
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 RECORD = HISTORY
 #: Oldest entries beyond this many are dropped on the next write.
@@ -13,7 +16,7 @@ MAX_ENTRIES = 200
 _QUERY_CHARS = 500
 
 
-def record_query(c, query: str, collections: list[str] | None, n_results: int, *, mode: str | None = None,
+def record_query(c: Container, query: str, collections: list[str] | None, n_results: int, *, mode: str | None = None,
                  source: str = "mcp") -> None:
     """Append one query to the history and drop the oldest entries beyond MAX_ENTRIES.
 
@@ -30,7 +33,7 @@ def record_query(c, query: str, collections: list[str] | None, n_results: int, *
             c.store.registry_delete(ids[:len(ids) - MAX_ENTRIES])
 
 
-def recent_queries(c, limit: int = 50) -> list[dict[str, Any]]:
+def recent_queries(c: Container, limit: int = 50) -> list[dict[str, Any]]:
     """The newest `limit` queries, newest first."""
     c.store.refresh()
     records = c.store.registry_find(RECORD)

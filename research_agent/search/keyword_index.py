@@ -37,16 +37,19 @@ import logging
 import os
 import re
 import shutil
-import threading
 import time
 import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from research_agent.storage.chunks import visible_chunks
+from research_agent.storage.revision_cache import RevisionCache
 from research_agent.text import keyword_words, stemmer
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +76,8 @@ _FORMAT = f"research-agent keyword index {ANALYZER_VERSION}"
 _NO_NONOCCURRENCE = ("lucene", "robertson", "atire")
 _TMP = ".tmp-"
 
-_cache: dict[tuple[str, str], tuple[int, "KeywordIndex"]] = {}  # (store, Chroma collection id)
-_cache_lock = threading.Lock()
-_build_locks: dict[tuple[str, str], threading.Lock] = {}
+#: (store, Chroma collection id) -> the index, stamped (revision, field weights); one build per key at a time.
+_cache: RevisionCache[KeywordIndex] = RevisionCache()
 
 
 @dataclass
@@ -278,7 +280,7 @@ class KeywordIndex:
         return self.top(self.rank(query, where), k)
 
 
-def active_chunks(c, collection: str, col: Any) -> list[Chunk]:
+def active_chunks(c: Container, collection: str, col: Any) -> list[Chunk]:
     """Every chunk of the collection whose document manifest points at its version."""
     return [Chunk(cid, doc, meta) for cid, doc, meta, _ in visible_chunks(c.store, collection, col)]
 
@@ -302,7 +304,7 @@ def cache_home() -> Path:
     return Path(base) / "research-agent"
 
 
-def persist_folder(c, col: Any) -> Path:
+def persist_folder(c: Container, col: Any) -> Path:
     """Where this collection's saved indexes live: inside the embedded store (they go where the store goes),
     or for a Chroma server in the user's cache, one folder per server location."""
     if c.store.kind == "embedded":
@@ -374,13 +376,7 @@ def prune(folder: Path, keep: str) -> None:
         _remove(entry, _OURS)
 
 
-def _cached(key: tuple[str, str], rev: str, weights: tuple[int, int]) -> KeywordIndex | None:
-    with _cache_lock:
-        hit = _cache.get(key)
-    return hit[1] if hit and hit[0] == rev and hit[1].weights == weights else None
-
-
-def keyword_index(c, collection: str, col: Any) -> KeywordIndex:
+def keyword_index(c: Container, collection: str, col: Any) -> KeywordIndex:
     """The index at the collection's current revision: this process's copy, else the one saved with the store
     by any process, else built from Chroma and saved (about 4 s at 10k chunks, against ~0.3 s to load).
 
@@ -390,22 +386,11 @@ def keyword_index(c, collection: str, col: Any) -> KeywordIndex:
     key = (c.store.location, str(col.id))
     weights = tuple(field_weights(c.settings))
     rev = c.store.revision(collection)
-    index = _cached(key, rev, weights)
-    if index is not None:
-        return index
-    with _cache_lock:
-        build_lock = _build_locks.setdefault(key, threading.Lock())
     # One build per collection at a time: concurrent queries wait for it instead of repeating it.
-    with build_lock:
-        index = _cached(key, rev, weights)
-        if index is None:
-            index = _load_or_build(c, collection, col, rev, weights)
-            with _cache_lock:
-                _cache[key] = (rev, index)
-    return index
+    return _cache.get_or_build(key, (rev, weights), lambda: _load_or_build(c, collection, col, rev, weights))
 
 
-def _load_or_build(c, collection: str, col: Any, rev: str, weights: tuple[int, int]) -> KeywordIndex:
+def _load_or_build(c: Container, collection: str, col: Any, rev: str, weights: tuple[int, int]) -> KeywordIndex:
     folder, name = persist_folder(c, col), _entry_name(rev, weights)
     index = load_persisted(folder, name)
     if index is not None and index.weights == weights:
@@ -419,7 +404,7 @@ def _load_or_build(c, collection: str, col: Any, rev: str, weights: tuple[int, i
     return index
 
 
-def prune_collections(c, folder: Path) -> None:
+def prune_collections(c: Container, folder: Path) -> None:
     """Remove the saved indexes of collections that no longer exist (deleted, or replaced by `kb reindex`,
     which fills a new Chroma collection): without this each reindex left ~20 MB behind at 10k chunks."""
     try:

@@ -12,13 +12,16 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from research_agent.catalog.collections import open_collection
 from research_agent.errors import QueryError
 from research_agent.search import calibration
 from research_agent.search.filters import chroma_where, metadata_predicate, validate_filters
 from research_agent.search.keyword_index import KeywordIndex, keyword_index
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 FUSION_METHODS = ("convex", "rrf")
 
@@ -35,7 +38,7 @@ class Candidate:
     ranks: dict[str, int] = field(default_factory=dict)
 
 
-def _active(c, collection: str, metas: list[dict[str, Any]]) -> list[bool]:
+def _active(c: Container, collection: str, metas: list[dict[str, Any]]) -> list[bool]:
     from research_agent.storage.chunks import is_visible
     from research_agent.storage.registry import document_key
 
@@ -44,7 +47,8 @@ def _active(c, collection: str, metas: list[dict[str, Any]]) -> list[bool]:
     return [is_visible(m, current) for m in metas]
 
 
-def _dense(c, collection: str, col: Any, qvec: list[float], n: int, where: dict[str, Any] | None) -> list[Candidate]:
+def _dense(c: Container, collection: str, col: Any, qvec: list[float], n: int,
+           where: dict[str, Any] | None) -> list[Candidate]:
     count = col.count()
     if not count:
         return []
@@ -147,7 +151,7 @@ def fuse_convex(cands: list[Candidate], dense_weight: float | None, adaptive: bo
     return sorted(cands, key=lambda x: x.fused, reverse=True)
 
 
-def _query_vector(c, query: str, document_context: str | None, weight: float) -> list[float]:
+def _query_vector(c: Container, query: str, document_context: str | None, weight: float) -> list[float]:
     qvec = c.embedder.embed_query(query)
     if document_context and document_context.strip() and weight > 0:
         ctx = c.embedder.embed_query(document_context[: c.settings.max_query_chars * 4])
@@ -157,7 +161,7 @@ def _query_vector(c, query: str, document_context: str | None, weight: float) ->
     return qvec
 
 
-def retrieve_candidates(c, query: str, names: list[str], *, mode: str = "hybrid", n: int = 60,
+def retrieve_candidates(c: Container, query: str, names: list[str], *, mode: str = "hybrid", n: int = 60,
                         document_context: str | None = None, timings: dict[str, float] | None = None,
                         filters: dict[str, Any] | None = None, fusion: str | None = None,
                         dense_weight: float | None = None, context_weight: float | None = None) -> list[Candidate]:
@@ -198,7 +202,7 @@ def retrieve_candidates(c, query: str, names: list[str], *, mode: str = "hybrid"
     return out
 
 
-def _dense_side(c, query: str, names: list[str], cols: dict[str, Any], n: int, where: dict[str, Any] | None,
+def _dense_side(c: Container, query: str, names: list[str], cols: dict[str, Any], n: int, where: dict[str, Any] | None,
                 document_context: str | None, context_weight: float,
                 timings: dict[str, float]) -> tuple[list[float], list[Candidate]]:
     """The query vector and the dense candidates of every collection, best cosine first."""
@@ -212,7 +216,7 @@ def _dense_side(c, query: str, names: list[str], cols: dict[str, Any], n: int, w
     return qvec, dense
 
 
-def _keyword_side(c, query: str, names: list[str], cols: dict[str, Any], n: int,
+def _keyword_side(c: Container, query: str, names: list[str], cols: dict[str, Any], n: int,
                   accept: Callable[[dict[str, Any]], bool] | None,
                   timings: dict[str, float]) -> tuple[list[Candidate], dict[str, tuple[KeywordIndex, Any]]]:
     """The BM25 candidates of every collection, best first, and each collection's (index, full score vector)."""

@@ -8,7 +8,7 @@ document_context, filters, token budget, refinement rules) and the measurements 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -18,6 +18,9 @@ from research_agent.search.filters import validate_filters
 from research_agent.search.refine import QueryRefinement, refine
 from research_agent.search.retrieve import Candidate, cap_per_document, retrieve_candidates
 from research_agent.text import snippet
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
 
 QUERY_MODES = ("hybrid", "semantic", "keyword")
 
@@ -60,7 +63,7 @@ def validate_query(query: Any, settings: Any) -> str:
     return query.strip()
 
 
-def resolve_collections(c, collections: list[str] | None, project: str | None) -> list[str]:
+def resolve_collections(c: Container, collections: list[str] | None, project: str | None) -> list[str]:
     """Explicit collections, else the project's defaults, else every collection."""
     if collections:
         names = list(dict.fromkeys(n.strip() for n in collections if n and n.strip()))
@@ -91,7 +94,7 @@ def rerank_passage(text: str, query: str, max_tokens: int) -> str:
     return snippet(text, query, max_tokens, marks=False) if max_tokens > 0 else text
 
 
-def _rerank_scores(c, query: str, pool: list[Candidate], timings: dict[str, float],
+def _rerank_scores(c: Container, query: str, pool: list[Candidate], timings: dict[str, float],
                    warnings: list[str]) -> list[float] | None:
     """The cross-encoder's probabilities for the pool, or None (with a warning) when it cannot load."""
     s = c.settings
@@ -106,7 +109,7 @@ def _rerank_scores(c, query: str, pool: list[Candidate], timings: dict[str, floa
     return scores
 
 
-def calibrated_order(c, query: str, pool: list[Candidate], mode: str, use_rerank: bool,
+def calibrated_order(c: Container, query: str, pool: list[Candidate], mode: str, use_rerank: bool,
                      timings: dict[str, float], warnings: list[str]) -> list[float]:
     """Sort `pool` in place into the returned order and give each its calibrated relevance probability.
 
@@ -128,7 +131,7 @@ def calibrated_order(c, query: str, pool: list[Candidate], mode: str, use_rerank
     return [blended[x.id] for x in pool]
 
 
-def _hits(c, query: str, pool: list[Candidate], scores: list[float], *, snippets: bool,
+def _hits(c: Container, query: str, pool: list[Candidate], scores: list[float], *, snippets: bool,
           max_tokens: int | None) -> tuple[list[QueryHit], int, bool]:
     """QueryHits for the pool in order, within the token budget: (hits, tokens used, cut by the budget)."""
     from research_agent.ingest.chunking import estimate_tokens
@@ -155,7 +158,7 @@ def _hits(c, query: str, pool: list[Candidate], scores: list[float], *, snippets
 
 
 # -- the service -----------------------------------------------------------------------------------
-def query_knowledge(c, query: str, *, collections: list[str] | None = None, project: str | None = None,
+def query_knowledge(c: Container, query: str, *, collections: list[str] | None = None, project: str | None = None,
                     top_k: int = 10, document_context: str | None = None, mode: str = "hybrid",
                     rerank: bool = True, filters: dict[str, Any] | None = None, max_tokens: int | None = None,
                     snippets: bool = False, per_document_cap: int | None = None) -> QueryResult:
@@ -204,7 +207,7 @@ def _validate_arguments(mode: str, top_k: Any, max_tokens: Any, settings: Any) -
         raise QueryError("max_tokens must be a positive whole number", guidance="Pass e.g. --max-tokens 2000.")
 
 
-def _scope(c, collections: list[str] | None, project: str | None, flt: dict[str, list[str]]) -> list[str]:
+def _scope(c: Container, collections: list[str] | None, project: str | None, flt: dict[str, list[str]]) -> list[str]:
     """The collections to search: resolve_collections, narrowed by a `collection` filter inside that scope."""
     names = resolve_collections(c, collections, project)
     if "collection" in flt:
