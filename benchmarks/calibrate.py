@@ -1,6 +1,6 @@
 """Fit the relevance calibration (research_agent/search/calibration.json) and report how well it is calibrated.
 
-Usage: .venv/bin/python benchmarks/calibrate.py [--fit] [--chart benchmarks/reliability.png]
+Usage: .venv/bin/python benchmarks/calibrate.py [--fit] [--chart benchmarks/reliability.png] [--order]
 
 Needs the candidate pools of benchmarks/fusion_study.py (`dump scifact train`, `dump nfcorpus train`,
 `dump nfcorpus dev`, `dump cosqa dev`, and the test pools `dump scifact test`, `dump nfcorpus test`,
@@ -8,7 +8,8 @@ Needs the candidate pools of benchmarks/fusion_study.py (`dump scifact train`, `
 (FIT_POOLS; each collection weighted equally; target: the hit's document is judged relevant) and written to
 research_agent/search/calibration.json; the test splits are never fitted on. Every run reports the expected
 calibration error (10 equal-width bins) of the top-10 hits per query, with the per-document cap of 3 a query
-applies by default, on each test pool, per mode, and how low judged-relevant hits score.
+applies by default, on each test pool, per mode, and how low judged-relevant hits score. --order compares
+nDCG@10 of the returned (fused) order with sorting the hits by their calibrated probability.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +36,7 @@ MODES = ("semantic", "keyword", "hybrid")
 #: scale depends on corpus size, so a length feature on the keyword side marks a right answer in a small
 #: corpus "Not Relevant" (0.02): not used there. Hybrid stacks the two (calibration.probability).
 MODEL_FEATURES = {"semantic": ["cosine", "log_rank", "log_terms"],
-                  "keyword": ["bm25", "log_rank", "top_bm25"],
+                  "keyword": ["bm25", "log_rank", "top_bm25", "coverage"],
                   "hybrid": ["logit_semantic", "logit_keyword", "no_term"]}
 STACKS = {"hybrid": ["semantic", "keyword"]}
 FIT_POOLS = ("scifact-train", "nfcorpus-train", "nfcorpus-dev", "cosqa-dev")
@@ -55,7 +57,21 @@ def load(name: str, split: str) -> list[dict]:
     from research_agent.search.evaluation import read_queries
 
     queries = read_queries(split_files(name, split, ROOT.parent / "shared" / "data")[0])
-    return [dict(r, query=queries.get(r["qid"], "")) for r in load_pool(name, split)]
+    return [dict(r, query=queries.get(r["qid"], ""), set=name) for r in load_pool(name, split)]
+
+
+@lru_cache(maxsize=None)
+def corpus_texts(name: str) -> dict[str, str]:
+    """Document id -> title and text, for the query-coverage feature (pools keep only ids and scores).
+
+    Coverage is computed on the whole document, a chunk-level feature approximated at document level
+    (BEIR documents are mostly one or two chunks)."""
+    out = {}
+    with (ROOT.parent / "shared" / "data" / name / "corpus.jsonl").open() as fh:
+        for line in fh:
+            d = json.loads(line)
+            out[str(d["_id"])] = f"{d.get('title', '')}\n{d.get('text', '')}"
+    return out
 
 
 def fused_order(rec: dict, mode: str):
@@ -84,7 +100,8 @@ def rows(recs: list[dict], mode: str, min_grade: int = 1, models: dict | None = 
     X, y = [], []
     for r in recs:
         docs, dense, kw, fused = fused_order(r, mode)
-        for doc, feats in zip(docs, calibration.hit_features(dense, kw, fused, r["query"])):
+        texts = [corpus_texts(r["set"]).get(doc) for doc in docs]
+        for doc, feats in zip(docs, calibration.hit_features(dense, kw, fused, r["query"], texts)):
             for m in STACKS.get(mode, ()):
                 p = min(1 - 1e-9, max(1e-9, calibration.probability(m, feats, {"models": models})))
                 feats[f"logit_{m}"] = float(np.log(p / (1 - p)))
@@ -121,9 +138,31 @@ def predictions(recs: list[dict], mode: str, params: dict, min_grade: int = 1) -
     ps, ys = [], []
     for r in recs:
         docs, dense, kw, fused = fused_order(r, mode)
-        ps += calibration.calibrated_scores(mode, dense, kw, fused, params, query=r["query"])
+        texts = [corpus_texts(r["set"]).get(doc) for doc in docs]
+        ps += calibration.calibrated_scores(mode, dense, kw, fused, params, query=r["query"], texts=texts)
         ys += [1 if r["qrels"].get(doc, 0) >= min_grade else 0 for doc in docs]
     return np.array(ps), np.array(ys)
+
+
+def order_study(params: dict) -> None:
+    """nDCG@10 of the returned order (fused, probabilities capped) vs the hits sorted by their calibrated
+    probability (ties in fused order), per mode, on the dev and test pools (issue 12: sort or cap?)."""
+    from fusion_study import ndcg10
+
+    print("| set | " + " | ".join(f"{m} fused / sorted" for m in MODES) + " |")
+    for name in ("nfcorpus-dev", "cosqa-dev", *TEST_POOLS):
+        recs, cells = load(*name.split("-")), []
+        for m in MODES:
+            fused = by_p = 0.0
+            for r in recs:
+                docs, dense, kw, f = fused_order(r, m)
+                texts = [corpus_texts(r["set"]).get(doc) for doc in docs]
+                ps = [calibration.probability(m, row, params)
+                      for row in calibration.hit_features(dense, kw, f, r["query"], texts)]
+                fused += ndcg10(docs, r["qrels"])
+                by_p += ndcg10([docs[i] for i in sorted(range(len(docs)), key=lambda i: -ps[i])], r["qrels"])
+            cells.append(f"{fused / len(recs):.4f} / {by_p / len(recs):.4f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:
@@ -165,6 +204,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true")
     ap.add_argument("--chart", default=None)
+    ap.add_argument("--order", action="store_true", help="nDCG@10 of the fused order vs sorting by probability")
     args = ap.parse_args()
     target = ROOT / "research_agent" / "search" / "calibration.json"
     if args.fit:
@@ -201,6 +241,8 @@ def main() -> int:
             print(f"| {name} (grade 2) | " + " | ".join(f"{ece(*strict[m]):.3f}" for m in MODES) + " |")
     if args.chart and curves:
         reliability(curves, Path(args.chart))
+    if args.order:
+        order_study(params)
     return 0
 
 

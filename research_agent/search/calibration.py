@@ -5,14 +5,14 @@ unbounded, a fused score is min-max normalised per query so the top hit is alway
 refinement advice built on them misled (issue 12). A small logistic model per mode maps cheap per-hit
 features to P(judged relevant); it was fitted on public train/dev judgments (SciFact train, NFCorpus
 train + dev, CoSQA dev; never on a test split) by benchmarks/calibrate.py, which also reports the expected
-calibration error on the test splits (SciFact 0.03-0.11, NFCorpus 0.05-0.10, CoSQA 0.13-0.17 by mode) and
+calibration error on the test splits (SciFact 0.03-0.07, NFCorpus 0.05-0.07, CoSQA 0.07-0.17 by mode) and
 draws benchmarks/reliability.png. Parameters ship in calibration.json beside
 this module; scoring is a dot product and a sigmoid per hit (microseconds, no model).
 
-Scores are made non-increasing down the returned list (each is capped by the one above it): the order is
-the retrieval (or rerank) order, and a list that reads 0.51, 0.55, 0.49 looks broken even when each number
-is an honest estimate. The cap is rarely active, because the features that carry most weight (rank and
-the fused score) fall down the list anyway.
+Scores never rise down the returned list. In SORTED_MODES the hits are sorted by their own probability
+(features taken in the retrieval order), so no cap is needed; in hybrid mode the fused order ranks better
+(sorting cost 0.010 nDCG@10 on CoSQA dev), so the order stays and each score is capped by the one above it
+(`descending`), since a list that reads 0.51, 0.55, 0.49 looks broken.
 """
 
 from __future__ import annotations
@@ -24,8 +24,16 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Sequence
 
+from research_agent.text import DISCOVERY_STOP_WORDS, keyword_words, stemmer
+
+#: Modes whose hits are returned sorted by their calibrated probability (ties in fused order), so the shown
+#: score is the model's own, uncapped. Sorting costs nDCG@10 within noise there (semantic: identical, the
+#: model is monotone in the fused order; keyword: -0.0007 NFCorpus dev, -0.0010 CoSQA dev) but 0.010 on
+#: CoSQA dev in hybrid (0.5900 -> 0.5798; `benchmarks/calibrate.py --order`), so hybrid keeps the fused
+#: order and the cap. Candidate for a setting.
+SORTED_MODES = frozenset({"semantic", "keyword"})
 #: Features a model may use, computed per hit from its retrieval evidence.
-FEATURES = ("cosine", "bm25", "log_rank", "fused", "top_cosine", "top_bm25", "log_terms", "no_term")
+FEATURES = ("cosine", "bm25", "log_rank", "fused", "top_cosine", "top_bm25", "log_terms", "no_term", "coverage")
 _TERM = re.compile(r"\w+")
 #: Position-aware blend of a reranker's probability with the retrieval probability (weight of the reranker
 #: by rank in the retrieval order): the top retrieval hits keep more of their own evidence, deeper ones
@@ -50,17 +58,46 @@ def query_terms(query: str) -> int:
     return max(1, len(_TERM.findall(query or "")))
 
 
+@lru_cache(maxsize=4096)
+def _stems(text: str) -> frozenset[str]:
+    """Distinct keyword stems of a text; cached because a query scores the same chunks again and again."""
+    words = keyword_words(text or "")
+    return frozenset(stemmer().stemWords(words)) if words else frozenset()
+
+
+def coverage(query: str, text: str | None) -> float:
+    """Share of the query's distinct content-word stems found in `text` (keyword_words, as BM25 sees them,
+    minus question words such as "how", "do", "what": text.DISCOVERY_STOP_WORDS; all of them if none is left).
+
+    Why: BM25 of one shared word can be as high as that of a full match in a small corpus, so "best recipe
+    for banana bread" hitting a page that says "best" scored 0.24-0.32 in keyword mode; coverage 1/4 tells
+    it from an on-topic hit (issue 12). No text (a caller that has none): 1.0 if the hit matched a term.
+    """
+    words = keyword_words(query or "")
+    content = [w for w in words if w not in DISCOVERY_STOP_WORDS] or words
+    wanted = frozenset(stemmer().stemWords(content)) if content else frozenset()
+    if not wanted or text is None:
+        return float("nan")
+    return len(wanted & _stems(text)) / len(wanted)
+
+
 def hit_features(dense: Sequence[float | None], keyword: Sequence[float | None],
-                 fused: Sequence[float], query: str = "") -> list[dict[str, float]]:
+                 fused: Sequence[float], query: str = "",
+                 texts: Sequence[str | None] | None = None) -> list[dict[str, float]]:
     """Feature rows for hits in their returned order (rank 1 first); query-level features are list maxima
     and the query's length: a short topical query ("vitamin d") has many relevant documents (NFCorpus: ~38
     judged per 2-3 word query), a long specific claim one or two (SciFact: 12 words, 1.1 judged)."""
     cos = [max(-1.0, min(1.0, d)) if d is not None else 0.0 for d in dense]
     bm = [bm25_squash(k) if k is not None else 0.0 for k in keyword]
     top_cos, top_bm, log_terms = max(cos, default=0.0), max(bm, default=0.0), math.log(query_terms(query))
-    return [{"cosine": c, "bm25": b, "log_rank": math.log(rank), "fused": f, "top_cosine": top_cos,
-             "top_bm25": top_bm, "log_terms": log_terms, "no_term": 0.0 if b > 0 else 1.0}
-            for rank, (c, b, f) in enumerate(zip(cos, bm, fused), start=1)]
+    texts = list(texts) if texts is not None else [None] * len(bm)
+    rows = []
+    for rank, (c, b, f, t) in enumerate(zip(cos, bm, fused, texts), start=1):
+        cov = coverage(query, t)
+        rows.append({"cosine": c, "bm25": b, "log_rank": math.log(rank), "fused": f, "top_cosine": top_cos,
+                     "top_bm25": top_bm, "log_terms": log_terms, "no_term": 0.0 if b > 0 else 1.0,
+                     "coverage": (1.0 if b > 0 else 0.0) if math.isnan(cov) else cov})
+    return rows
 
 
 def probability(mode: str, row: dict[str, float], params: dict[str, Any] | None = None) -> float:
@@ -92,11 +129,18 @@ def descending(scores: Sequence[float]) -> list[float]:
     return out
 
 
+def probabilities(mode: str, dense: Sequence[float | None], keyword: Sequence[float | None],
+                  fused: Sequence[float], params: dict[str, Any] | None = None, query: str = "",
+                  texts: Sequence[str | None] | None = None) -> list[float]:
+    """The model's own probability of each hit, features taken in the retrieval (fused) order; no cap."""
+    return [probability(mode, r, params) for r in hit_features(dense, keyword, fused, query, texts)]
+
+
 def calibrated_scores(mode: str, dense: Sequence[float | None], keyword: Sequence[float | None],
-                      fused: Sequence[float], params: dict[str, Any] | None = None, query: str = "") -> list[float]:
-    """Calibrated, non-increasing relevance probabilities of hits given in their returned order."""
-    rows = hit_features(dense, keyword, fused, query)
-    return descending([probability(mode, r, params) for r in rows])
+                      fused: Sequence[float], params: dict[str, Any] | None = None, query: str = "",
+                      texts: Sequence[str | None] | None = None) -> list[float]:
+    """Calibrated, non-increasing relevance probabilities of hits kept in their fused order (hybrid)."""
+    return descending(probabilities(mode, dense, keyword, fused, params, query, texts))
 
 
 def rerank_weight(retrieval_rank: int) -> float:

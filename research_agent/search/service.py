@@ -113,22 +113,32 @@ def calibrated_order(c: Container, query: str, pool: list[Candidate], mode: str,
                      timings: dict[str, float], warnings: list[str]) -> list[float]:
     """Sort `pool` in place into the returned order and give each its calibrated relevance probability.
 
-    Without a reranker the order is the retrieval order and the score the calibrated probability of the
-    hit's evidence (search/calibration.py), capped to descend. With one, each candidate's score is the
+    Without a reranker the score is the calibrated probability of the hit's evidence (search/calibration.py,
+    features in the retrieval order); semantic and keyword hits are then sorted by it (the shown score is the
+    model's own), hybrid keeps the fused order, which ranks better (calibration.SORTED_MODES), and caps the
+    scores to descend. With one, each candidate's score is the
     position-aware blend of the cross-encoder's probability and that retrieval probability, and the pool is
     sorted by it, so the score descends by construction and means the same with and without a reranker.
     """
-    retrieval = calibration.calibrated_scores(mode, [x.dense for x in pool], [x.keyword for x in pool],
-                                              [x.fused for x in pool], query=query)
+    own = calibration.probabilities(mode, [x.dense for x in pool], [x.keyword for x in pool],
+                                    [x.fused for x in pool], query=query, texts=[x.text for x in pool])
+    retrieval = calibration.descending(own)
     rerank_scores = _rerank_scores(c, query, pool, timings, warnings) if use_rerank and pool else None
     if rerank_scores is None:
-        return retrieval
+        return _sorted_by_probability(pool, own) if mode in calibration.SORTED_MODES else retrieval
     blended = {}
     for rank, (cand, p, r) in enumerate(zip(pool, retrieval, rerank_scores), start=1):
         cand.rerank = r
         blended[cand.id] = calibration.blend_rerank(p, r, rank)
     pool.sort(key=lambda x: blended[x.id], reverse=True)
     return [blended[x.id] for x in pool]
+
+
+def _sorted_by_probability(pool: list[Candidate], probs: list[float]) -> list[float]:
+    """Sort `pool` in place by probability, ties kept in fused order (a stable sort); the sorted scores."""
+    order = sorted(range(len(pool)), key=lambda i: -probs[i])
+    pool[:] = [pool[i] for i in order]
+    return [probs[i] for i in order]
 
 
 def _hits(c: Container, query: str, pool: list[Candidate], scores: list[float], *, snippets: bool,
