@@ -242,6 +242,9 @@ def test_doctor_repair_fixes_orphans_incomplete_documents_and_interrupted_reinde
     assert by_name["keep-col"]["incomplete_documents"] == (["keep/doc004.md"] if incomplete else [])
     assert any("research-agent-tmp-0badf00d" in x for x in found["leftovers"])
     assert any("research-agent-old-1234abcd-swap-col" in x for x in found["leftovers"])
+    # A script reading --json learns what to do from the report itself (advice was [] while only the text
+    # output said to repair).
+    assert any("research-agent doctor --repair" in a for a in found["advice"]), found["advice"]
 
     repair = run_cli(tmp_path, "--json", "doctor", "--repair", fake=True, env=env)
     assert repair.returncode == 0, repair.stderr
@@ -251,6 +254,7 @@ def test_doctor_repair_fixes_orphans_incomplete_documents_and_interrupted_reinde
     assert again.returncode == 0, again.stdout
     healthy = json.loads(again.stdout)
     assert healthy["healthy"] is True and healthy["leftovers"] == []
+    assert not any("doctor --repair" in a for a in healthy["advice"])
     assert {ch["collection"] for ch in healthy["collections"]} == {"keep-col", "swap-col"}
 
     # swap-col is back with its documents; the incomplete document is re-ingested by the next run.

@@ -13,13 +13,14 @@ def doctor(
     repair: bool = typer.Option(False, "--repair", help="Fix what the check finds (orphans, leftovers)."),
 ) -> None:
     """Check the store for what an interrupted write left behind; --repair fixes it."""
-    from research_agent.ops.doctor import run_doctor
+    from research_agent.ops.doctor import REPAIR_ADVICE, run_doctor
 
     state = get_state(ctx)
     report = run_doctor(state.container(), repair=repair)
     render.emit(state, report, render.doctor_report)
     if not state.json:
-        for line in report.advice:  # not damage: shown apart from the repairs, and healthy stays as it was
+        # Notes beside the verdict; the repair line is already in it (render.doctor_report).
+        for line in (a for a in report.advice if a != REPAIR_ADVICE):
             render.stderr().print(f"note: {line}", markup=False, highlight=False)
     if not report.healthy:
         raise typer.Exit(1)

@@ -83,6 +83,10 @@ def _missing_files(manifests: dict[str, dict[str, Any]]) -> list[str]:
                   if m.get("kind") == "document" and m.get("path") and is_gone(Path(m["path"])))
 
 
+REPAIR_ADVICE = ("run `research-agent doctor --repair` (MCP: check_store with repair=true) to fix the problems "
+                 "listed; it never deletes a reindex backup that holds more than its live collection")
+
+
 def _advice(checks: list[CollectionCheck]) -> list[str]:
     return [f"{ch.collection}: {ch.missing_files} documents whose files are gone "
             f"({', '.join(ch.missing_examples)}{', ...' if ch.missing_files > len(ch.missing_examples) else ''}); "
@@ -122,8 +126,10 @@ def run_doctor(c: Container, repair: bool = False) -> DoctorReport:
         return DoctorReport(healthy=after.healthy, repaired=True, collections=after.collections,
                             leftovers=after.leftovers, actions=actions, advice=after.advice)
     healthy = not leftovers and all(not ch.orphan_chunks and not ch.incomplete_documents for ch in checks)
+    # The next move goes in the report itself: a script reading --json (or an MCP client) sees no text output.
+    repair_first = [] if healthy else [REPAIR_ADVICE]
     return DoctorReport(healthy=healthy, repaired=False, collections=checks, leftovers=leftovers, actions=actions,
-                        advice=_advice(checks))
+                        advice=repair_first + _advice(checks))
 
 
 __all__ = ["run_doctor", "DoctorReport"]
