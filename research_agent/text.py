@@ -6,10 +6,11 @@ none may drift into another (the keyword index's saved files carry ANALYZER_VERS
 - `keyword_words`: BM25 tokens (search/keyword_index.py). Lowercased words of 2+ characters (`\\w\\w+`,
   digits and underscores included) minus the 33 Lucene/Elasticsearch English stop words (bm25s's "en"
   list). SciFact nDCG@10 0.687 was measured with exactly this.
-- `content_terms`: discovery's stemmed content words (discovery/ranking.py's IDF-weighted coverage).
-  Words start with a letter (`[A-Za-z][A-Za-z0-9]+`), and the stop list adds the verbs every task starts
-  with ("add", "implement", "write"), which would otherwise match every node. `discovery_terms` is the
-  same with the action words kept ("create", "add", "get"): discovery's node terms and task words.
+- `discovery_terms`: discovery's stemmed content words (node terms and task words, discovery/ranking.py's
+  IDF-weighted coverage). Words start with a letter (`[A-Za-z][A-Za-z0-9]+`); the stop list drops the verbs
+  every task starts with ("implement", "write") but keeps action words ("create", "add", "get"), which tell
+  catalog tools apart. `content_terms` is the same with the action words dropped too: what the boosts'
+  file-proximity rule (discovery/boosts.py) was measured with.
 - `suggestion_words` with SUGGEST_STOP_WORDS: refinement suggestions (search/refine.py). Letters and
   hyphens of 3+ characters; a broader list of function words that are never worth suggesting.
 

@@ -65,6 +65,14 @@ def _stems(text: str) -> frozenset[str]:
     return frozenset(stemmer().stemWords(words)) if words else frozenset()
 
 
+@lru_cache(maxsize=256)
+def _query_stems(query: str) -> frozenset[str]:
+    """The query's content-word stems (see `coverage`); cached: every hit of a query asks for them."""
+    words = keyword_words(query)
+    content = [w for w in words if w not in DISCOVERY_STOP_WORDS] or words
+    return frozenset(stemmer().stemWords(content)) if content else frozenset()
+
+
 def coverage(query: str, text: str | None) -> float:
     """Share of the query's distinct content-word stems found in `text` (keyword_words, as BM25 sees them,
     minus question words such as "how", "do", "what": text.DISCOVERY_STOP_WORDS; all of them if none is left).
@@ -73,9 +81,7 @@ def coverage(query: str, text: str | None) -> float:
     for banana bread" hitting a page that says "best" scored 0.24-0.32 in keyword mode; coverage 1/4 tells
     it from an on-topic hit (issue 12). No text (a caller that has none): 1.0 if the hit matched a term.
     """
-    words = keyword_words(query or "")
-    content = [w for w in words if w not in DISCOVERY_STOP_WORDS] or words
-    wanted = frozenset(stemmer().stemWords(content)) if content else frozenset()
+    wanted = _query_stems(query or "")
     if not wanted or text is None:
         return float("nan")
     return len(wanted & _stems(text)) / len(wanted)
