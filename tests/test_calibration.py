@@ -126,7 +126,9 @@ def test_calibration_is_a_monotone_cheap_logistic_model():
     lo = calibration.calibrated_scores("hybrid", [0.2], [1.0], [0.1])[0]
     hi = calibration.calibrated_scores("hybrid", [0.7], [20.0], [1.0])[0]
     assert 0.0 < lo < hi < 1.0
-    assert calibration.descending([0.5, 0.6, 0.4, 0.45]) == [0.5, 0.5, 0.4, 0.4]
+    assert calibration.descending([0.5, 0.6, 0.4, 0.45]) == pytest.approx([0.55, 0.55, 0.425, 0.425])
+    assert calibration.descending([0.9, 0.2, 0.2, 0.6, 0.1]) == pytest.approx([0.9, 1 / 3, 1 / 3, 1 / 3, 0.1])
+    assert calibration.descending([]) == []
 
 
 @pytest.mark.parametrize("mode", query.QUERY_MODES)
@@ -151,7 +153,7 @@ def test_calibration_is_fitted_off_the_test_splits():
 
     fitted = calibration.parameters()["fitted_on"]
     assert fitted and not any(name.endswith("test") for name in fitted)
-    assert {name.split("-")[0] for name in fitted} == {"scifact", "nfcorpus", "cosqa"}
+    assert {name.split("-")[0] for name in fitted} == {"scifact", "nfcorpus", "cosqa", "docsqa"}
 
 
 def test_rerank_blend_is_position_aware_and_stays_in_scale():

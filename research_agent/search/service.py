@@ -114,9 +114,9 @@ def calibrated_order(c: Container, query: str, pool: list[Candidate], mode: str,
     """Sort `pool` in place into the returned order and give each its calibrated relevance probability.
 
     Without a reranker the score is the calibrated probability of the hit's evidence (search/calibration.py,
-    features in the retrieval order); semantic and keyword hits are then sorted by it (the shown score is the
-    model's own), hybrid keeps the fused order, which ranks better (calibration.SORTED_MODES), and caps the
-    scores to descend. With one, each candidate's score is the
+    features in the retrieval order); semantic and keyword hits are sorted by it (the shown score is the
+    model's own), hybrid keeps the fused order, which ranks better (calibration.SORTED_MODES), and shows the
+    nearest non-increasing scores (calibration.descending). With one, each candidate's score is the
     position-aware blend of the cross-encoder's probability and that retrieval probability, and the pool is
     sorted by it, so the score descends by construction and means the same with and without a reranker.
     """
