@@ -1,6 +1,8 @@
 """The research-agent MCP server's entry file, kept for client configs: the server is research_agent/mcp/.
 
 Run it with `python mcp_server.py`, `python -m mcp_server` or `research-agent serve`; all three call `run()`.
+This file lives in the checkout only: the package does not install it as a top-level module (that name belongs to
+the PyPI package `mcp-server`), so an installed research-agent-kb is started with `research-agent serve`.
 This file only does what must happen before anything else is imported (the sys.path filter, the early stdio
 claim that answers `initialize` while FastMCP loads) and re-exports the entry points. Stdout belongs to
 JSON-RPC: nothing prints, logs go to stderr, and heavy libraries (torch, chromadb) load after the handshake (a

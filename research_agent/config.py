@@ -38,10 +38,33 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LAUNCH_SETTINGS = frozenset({"transport"})
 
 
+#: The folder name under the per-user data folder (and the XDG folders) that holds research-agent's files.
+APP_DIR = "research-agent"
+
+
+def legacy_store_path() -> Path:
+    """Where earlier releases put the store on every OS: `~/.local/share/research-agent/store`."""
+    return Path.home() / ".local" / "share" / APP_DIR / "store"
+
+
 def default_store_path() -> Path:
-    """Per-user data folder, XDG style (what `research-agent status` shows as the store)."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "research-agent" / "store"
+    """The store when none is configured (what `research-agent status` shows), first match wins:
+
+    1. `$XDG_DATA_HOME/research-agent/store` when XDG_DATA_HOME is set (a choice the user made, on any OS);
+    2. `~/.local/share/research-agent/store` when a store already exists there: older versions used it on
+       every OS, and a user must not lose their store to an upgrade (nothing is moved);
+    3. the OS's per-user data folder (platformdirs): `~/.local/share/research-agent/store` on Linux (the same
+       folder), `~/Library/Application Support/research-agent/store` on macOS,
+       `%LOCALAPPDATA%\\research-agent\\store` on Windows.
+    """
+    if os.environ.get("XDG_DATA_HOME"):
+        return Path(os.environ["XDG_DATA_HOME"]) / APP_DIR / "store"
+    legacy = legacy_store_path()
+    if legacy.is_dir():
+        return legacy
+    import platformdirs
+
+    return platformdirs.user_data_path(APP_DIR, appauthor=False) / "store"
 
 
 def default_config_file() -> Path:

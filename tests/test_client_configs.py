@@ -129,7 +129,8 @@ def test_mcp_inspector_cli_lists_tools_and_calls_one(tmp_path):
     called = subprocess.run([*base, "--method", "tools/call", "--tool-name", "manage_collections",
                              "--tool-arg", "action=list"], capture_output=True, text=True, timeout=120, env=env)
     assert called.returncode == 0, called.stderr
-    assert json.loads(called.stdout)["structuredContent"] == {"collections": []}
+    listed = json.loads(called.stdout)["structuredContent"]  # a page: `total` and `next_cursor` ride along
+    assert listed["collections"] == [] and listed.get("next_cursor") is None, listed
 
 
 # -- a hostile workspace: no shipped launch may import code from it ------------------------------------------
@@ -186,8 +187,8 @@ def test_the_server_drops_the_working_directory_from_sys_path(launch, tmp_path):
 
 
 def test_research_agent_serve_never_imports_a_workspace_mcp_server(tmp_path):
-    """`research-agent serve` imports `mcp_server` by name; with the working directory on sys.path (here via
-    PYTHONPATH=.) a workspace's own mcp_server.py would be the one imported."""
+    """`research-agent serve` once imported `mcp_server` by name; with the working directory on sys.path (here
+    via PYTHONPATH=.) a workspace's own mcp_server.py would be the one imported."""
     workspace, marker = _hostile_workspace(tmp_path)
     for init in ("research_agent/cli/__init__.py", "research_agent/__init__.py"):
         (workspace / init).unlink()  # the console script imports research_agent before any code of ours runs
@@ -198,3 +199,34 @@ def test_research_agent_serve_never_imports_a_workspace_mcp_server(tmp_path):
     reply = _initialize_over_stdio([str(VENV / "bin" / "research-agent"), "serve"], workspace, env)
     assert not marker.exists(), f"workspace code ran: {marker.read_text()}"
     assert reply["result"]["serverInfo"]["name"] == "research-agent", reply
+
+
+# -- one config: docs/clients.md, the shipped files and the README agree ------------------------------------
+def _the_documented_config(markdown: Path) -> dict[str, Any]:
+    """The first ```json block of a Markdown file holding an `mcpServers.research-agent` entry."""
+    import re
+
+    for block in re.findall(r"```json\n(.*?)```", markdown.read_text(encoding="utf-8"), flags=re.S):
+        entry = json.loads(block).get("mcpServers", {}).get("research-agent")
+        if entry:
+            return entry
+    raise AssertionError(f"{markdown}: no ```json block with mcpServers.research-agent")
+
+
+def _launch(entry: dict[str, Any]) -> tuple[str, list[str], set[str]]:
+    return Path(entry["command"]).name, entry.get("args", []), set(entry.get("env", {}))
+
+
+def test_every_shipped_config_is_the_one_in_docs_clients_md():
+    """One launch (the console script's `serve`, which works from a checkout and from a pip install) and the
+    allowed roots set, in every file a user copies."""
+    one = _the_documented_config(ROOT / "docs" / "clients.md")
+    assert _launch(one) == ("research-agent", ["serve"], {"RESEARCH_AGENT_ALLOWED_ROOTS"})
+    for client, (path, key) in CONFIGS.items():
+        entry = json.loads(path.read_text(encoding="utf-8"))[key]["research-agent"]
+        assert entry["command"] == one["command"], client
+        assert _launch(entry) == _launch(one), client
+
+
+def test_the_readme_shows_the_same_config():
+    assert _the_documented_config(ROOT / "README.md") == _the_documented_config(ROOT / "docs" / "clients.md")

@@ -131,3 +131,49 @@ def test_sensible_values_still_load(monkeypatch):
         monkeypatch.setenv(f"RESEARCH_AGENT_{name}", value)
     settings = load_settings()
     assert (settings.rrf_k, settings.log_level, settings.per_document_cap) == (1, "DEBUG", 0)
+
+
+@pytest.fixture
+def bare_home(tmp_path, monkeypatch):
+    """A user with no store setting and no XDG_DATA_HOME, whose home is a fresh folder."""
+    home = tmp_path / "bare-home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.delenv("RESEARCH_AGENT_STORE")
+    return home
+
+
+@pytest.fixture
+def on_macos(monkeypatch):
+    """platformdirs as it answers on macOS (its real MacOS class, which only expands `~`)."""
+    import platformdirs
+    from platformdirs.macos import MacOS
+
+    monkeypatch.setattr(platformdirs, "user_data_path",
+                        lambda appname=None, appauthor=None, *a, **k: MacOS(appname, appauthor).user_data_path)
+
+
+def test_the_default_store_is_the_os_data_folder_for_a_new_user(bare_home, on_macos):
+    assert load_settings().store == bare_home / "Library" / "Application Support" / "research-agent" / "store"
+
+
+def test_an_existing_store_in_the_old_place_is_kept_on_upgrade(bare_home, on_macos):
+    """Earlier releases put the store in ~/.local/share on every OS: upgrading must not hide it behind a new,
+    empty folder."""
+    old = bare_home / ".local" / "share" / "research-agent" / "store"
+    old.mkdir(parents=True)
+    assert load_settings().store == old
+
+
+def test_explicit_store_settings_win_over_the_os_default(bare_home, on_macos, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert load_settings().store == tmp_path / "xdg" / "research-agent" / "store"
+    monkeypatch.setenv("RESEARCH_AGENT_STORE", str(tmp_path / "mine"))
+    assert load_settings().store == tmp_path / "mine"
+    assert load_settings(store=tmp_path / "flag").store == tmp_path / "flag"
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="the Linux folder")
+def test_on_linux_the_default_store_stays_where_it_always_was(bare_home):
+    assert load_settings().store == bare_home / ".local" / "share" / "research-agent" / "store"

@@ -19,7 +19,7 @@ from test_concurrency import FAKE_CLI, cli_env, make_folder, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_SERVER = FAKE_CLI.replace('from research_agent.cli.main import app\napp(prog_name="research-agent")',
-                               "import mcp_server\nmcp_server.main()")
+                               f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport mcp_server\nmcp_server.main()")
 CLIENTS, QUERIES = 20, 50
 
 

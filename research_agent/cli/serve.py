@@ -1,4 +1,5 @@
-"""`research-agent serve`: the same MCP server as `python mcp_server.py`."""
+"""`research-agent serve`: the same MCP server as `python mcp_server.py` (research_agent.mcp.app.run); an
+installed package has no top-level mcp_server module, so this is how installs start the server."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ def serve(
     from research_agent.mcp.stdio import drop_working_directory_from_path, start_early
 
     start_early(transport)  # answers `initialize` while the server imports
-    drop_working_directory_from_path()  # never a workspace's own mcp_server.py
-    import mcp_server
+    drop_working_directory_from_path()  # never a workspace's own research_agent package
+    from research_agent.mcp.app import run
 
     state = get_state(ctx)
-    mcp_server.run(transport=transport, host=host, port=port, config_file=state.config_file,
+    run(transport=transport, host=host, port=port, config_file=state.config_file,
                    settings_overrides={k: v for k, v in state.overrides().items() if v is not None})
