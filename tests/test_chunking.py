@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from research_agent.ingest.chunking import Chunk, chunk_document, embedding_context, estimate_tokens, slugify
+from research_agent.ingest.nodes import STORED_EXTRA_KEYS, STORED_KEYS, NodeFields, from_metadata, to_metadata
 from research_agent.ingest.parsing import ParsedDocument, parse_file, parse_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "docs"
@@ -80,7 +83,7 @@ def test_install_guide_structure() -> None:
     assert chunks[7].code_language is None
     assert chunks[3].anchor == "linux" and chunks[0].anchor == ""
     assert all(c.token_count == estimate_tokens(c.text) for c in chunks)
-    assert all(c.node_type is None and c.status is None and c.blocked_by == [] for c in chunks)
+    assert all(c.node.type is None and c.node.status is None and c.node.blocked_by == [] for c in chunks)
 
 
 def test_install_guide_node_ids_and_parents() -> None:
@@ -88,11 +91,11 @@ def test_install_guide_node_ids_and_parents() -> None:
     linux = chunks["Installation Guide > Install > Linux"][0]
     assert linux.node_id == derived_id("guide_install.md", "Installation Guide > Install > Linux")
     # "## Install" has no content of its own, yet it is still the parent node of its subsections.
-    assert linux.parent_id == derived_id("guide_install.md", "Installation Guide > Install")
+    assert linux.node.parent_id == derived_id("guide_install.md", "Installation Guide > Install")
     assert "Installation Guide > Install" not in chunks
-    assert chunks["Installation Guide"][0].parent_id is None
-    assert chunks[""][0].parent_id is None
-    assert chunks["Installation Guide > Configuration"][0].parent_id == derived_id(
+    assert chunks["Installation Guide"][0].node.parent_id is None
+    assert chunks[""][0].node.parent_id is None
+    assert chunks["Installation Guide > Configuration"][0].node.parent_id == derived_id(
         "guide_install.md", "Installation Guide"
     )
     # Ids depend on the source, so the same file under another name gets other ids.
@@ -116,7 +119,7 @@ def test_api_guide_fenced_comment_is_not_a_header_and_field_lists_stay() -> None
     listing = by_path(chunks)["API Reference > Endpoints > List items"]
     assert [c.content_type for c in listing] == ["prose", "table"]
     assert "- id: the item's identifier\n- status: whether the item is active" in listing[0].text
-    assert listing[0].node_type is None and listing[0].status is None
+    assert listing[0].node.type is None and listing[0].node.status is None
     assert listing[1].text.splitlines()[1] == "|:----------|:----:|--------:|"
 
 
@@ -139,20 +142,21 @@ def test_hybrid_duplicate_metadata_blocks_merge_last_wins() -> None:
     nodes = {c.node_id: c for c in chunks}
     assert list(nodes) == ["release-plan", "migrate-storage", "schema-review", "announce"]
     plan = nodes["release-plan"]
-    assert (plan.node_type, plan.status, plan.labels) == ("epic", "in-progress", ["release", "q3"])
-    assert plan.parent_id is None
+    assert (plan.node.type, plan.node.status, plan.node.labels) == ("epic", "in-progress", ["release", "q3"])
+    assert plan.node.parent_id is None
     assert plan.text == "# Release Plan\n\nPlan for the 2.0 release."
     migrate = nodes["migrate-storage"]
-    assert (migrate.node_type, migrate.status, migrate.blocked_by) == ("task", "blocked", ["schema-review"])
-    assert migrate.parent_id == "release-plan"
+    assert (migrate.node.type, migrate.node.status, migrate.node.blocked_by) == ("task", "blocked", ["schema-review"])
+    assert migrate.node.parent_id == "release-plan"
     assert migrate.text == "## Migrate storage\n\nMove every collection to the new storage layout."
     review = nodes["schema-review"]
-    assert (review.status, review.last_checked, review.node_metadata) == ("done", "2024-06-01", {"priority": "high"})
+    assert (review.node.status, review.node.last_checked) == ("done", "2024-06-01")
+    assert review.node.extra == {"priority": "high"}
     assert review.text == "## Schema review\n\nReviewed by the platform team."
     # A node with metadata but no content still yields a chunk, so dependency queries can find it.
     announce = nodes["announce"]
     assert announce.text == "## Announce"
-    assert announce.blocked_by == ["migrate-storage", "schema-review"]
+    assert announce.node.blocked_by == ["migrate-storage", "schema-review"]
     assert not any("<!--" in c.text or "- id:" in c.text for c in chunks)
 
 
@@ -160,19 +164,19 @@ def test_hybrid_missing_separator_and_document_node() -> None:
     chunks = chunks_of("hybrid_missing_separator.md")
     nodes = {c.header_path: c for c in chunks}
     top = nodes[""]
-    assert (top.node_id, top.node_type, top.text) == ("onboarding", "project", "Tasks for new team members.")
+    assert (top.node_id, top.node.type, top.text) == ("onboarding", "project", "Tasks for new team members.")
     accounts = nodes["Accounts"]
-    assert (accounts.node_id, accounts.status, accounts.parent_id) == ("accounts", "done", "onboarding")
+    assert (accounts.node_id, accounts.node.status, accounts.node.parent_id) == ("accounts", "done", "onboarding")
     assert accounts.text == "# Accounts\n\nCreate accounts in the issue tracker and the chat."
     laptop = nodes["Laptop"]
-    assert (laptop.node_id, laptop.blocked_by) == ("laptop", ["accounts"])
+    assert (laptop.node_id, laptop.node.blocked_by) == ("laptop", ["accounts"])
     assert laptop.text == "# Laptop\n\nSet up the laptop with the standard image."
     reading = nodes["Reading"]  # a separator without metadata is dropped; the id is derived
     assert reading.node_id == derived_id("hybrid_missing_separator.md", "Reading")
     assert reading.text == "# Reading\n\nRead the architecture overview first."
     notes = nodes["Notes"]  # ordinary "Word: value" bullets are content, not metadata
     assert notes.text == "# Notes\n\n- Remember: bring a badge photo\n- Parking: level 2"
-    assert (notes.node_type, notes.parent_id) == (None, "onboarding")
+    assert (notes.node.type, notes.node.parent_id) == (None, "onboarding")
 
 
 def test_hybrid_headers_in_code_fences_are_not_nodes() -> None:
@@ -186,7 +190,7 @@ def test_hybrid_headers_in_code_fences_are_not_nodes() -> None:
     ]
     script = chunks[1]
     assert script.text.startswith("## Script\n\n```bash\n#!/bin/sh\n# Not a header")
-    assert (script.blocked_by, script.node_type, script.parent_id) == ([], "file", "build")
+    assert (script.node.blocked_by, script.node.type, script.node.parent_id) == ([], "file", "build")
     nested = chunks[2]
     assert nested.code_language == "markdown"
     assert nested.text.endswith("```\n## nested fence text\n```\n````")
@@ -200,21 +204,22 @@ def test_metadata_detection_rules() -> None:
 
     # Unknown keys count as metadata only when a separator follows.
     owned = first("# A\n- owner: bob\n- team: core\n<!-- content -->\nBody.\n")
-    assert (owned.node_metadata, owned.text) == ({"owner": "bob", "team": "core"}, "# A\n\nBody.")
+    assert (owned.node.extra, owned.text) == ({"owner": "bob", "team": "core"}, "# A\n\nBody.")
     kept = first("# A\n- owner: bob\n- team: core\n\nBody.\n")
-    assert kept.text == "# A\n\n- owner: bob\n- team: core\n\nBody." and kept.node_metadata == {}
+    assert kept.text == "# A\n\n- owner: bob\n- team: core\n\nBody." and kept.node.extra == {}
     # Known keys with sentence-like values read as an API field list, not metadata.
     fields = first("# A\n- id: the user's id\n- status: current account status\n")
-    assert "- id: the user's id" in fields.text and fields.status is None
+    assert "- id: the user's id" in fields.text and fields.node.status is None
     # A list that goes on with plain items is content.
     mixed = first("# A\n- status: open\n- buy milk\n")
-    assert mixed.status is None and "- buy milk" in mixed.text
+    assert mixed.node.status is None and "- buy milk" in mixed.text
     # Bold keys, quoted values, dashed keys and "none" lists.
     bold = first('# A\n- **id**: "x-1"\n- Last-Checked: 2024-01-02\n- blocked_by: none\n- label: ui\n\nText\n')
-    assert (bold.node_id, bold.last_checked, bold.blocked_by, bold.labels) == ("x-1", "2024-01-02", [], ["ui"])
+    assert (bold.node_id, bold.node.last_checked) == ("x-1", "2024-01-02")
+    assert (bold.node.blocked_by, bold.node.labels) == ([], ["ui"])
     # Front matter id/type/status make the document node; its headers hang below it.
     doc = chunk_document(parse_text("---\nid: spec\ntype: doc\n---\nIntro\n\n# Part\nText\n"), source="s.md")
-    assert [(c.node_id, c.node_type, c.parent_id) for c in doc] == [
+    assert [(c.node_id, c.node.type, c.node.parent_id) for c in doc] == [
         ("spec", "doc", None), (derived_id("s.md", "Part"), None, "spec")]
 
 
@@ -225,7 +230,7 @@ def test_repeated_headers_get_distinct_ids_and_anchors() -> None:
     assert [c.anchor for c in examples] == ["example", "example-1", "example-2"]
     assert len({c.node_id for c in examples}) == 3
     assert examples[0].node_id == derived_id("r.md", "A > Example")
-    assert examples[2].parent_id != examples[0].parent_id  # the second "# A" is its own node
+    assert examples[2].node.parent_id != examples[0].node.parent_id  # the second "# A" is its own node
 
 
 # -- sizes -------------------------------------------------------------------------------------
@@ -415,3 +420,107 @@ def test_files_with_no_visible_text_still_have_no_chunks(text: str) -> None:
 def test_a_document_with_a_body_gets_no_outline_chunk() -> None:
     chunks = chunk_document(parse_text("# Title\n## Empty\n## Full\n\nbody text\n"), source="b.md")
     assert [c.text for c in chunks] == ["## Full\n\nbody text"]
+
+
+# -- the node schema, defined once (issue 13) ----------------------------------------------------
+
+# Modules that still spell out stored node keys themselves (engineer A's discovery/, read back through
+# nodes.from_metadata once it is called there). Each entry is checked to still hold, so fixing a module
+# makes the test fail until its line is deleted here.
+NODE_SCHEMA_NOT_YET: set[str] = set()
+# Same word, another meaning: the name of a dependency edge kind (models.DependencyEdge.kind), and the filter
+# `node_type` of query_knowledge (search/filters.py maps a user-facing filter name onto the stored key).
+NODE_SCHEMA_OTHER_MEANING = {
+    "research_agent/discovery/graph.py": {"blocked_by"},
+    "research_agent/discovery/models.py": {"blocked_by"},
+    "research_agent/search/filters.py": {"node_type"},
+}
+
+
+def _spelled_node_keys(path: Path) -> set[str]:
+    """The stored node keys a module writes as string literals (dict keys, meta.get("node_type") ...)."""
+    # "status" and "labels" are ordinary words elsewhere (filters, wire models); the others are the schema's own.
+    own = {*STORED_KEYS.values(), *STORED_EXTRA_KEYS.values()} - {"status", "labels"}
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in own}
+
+
+def test_the_node_schema_is_defined_once() -> None:
+    root = Path(__file__).resolve().parents[1]
+    nodes_py = root / "research_agent" / "ingest" / "nodes.py"
+    # The packages that write or read stored chunk metadata; faces and guidance name tool parameters (node_id).
+    readers = [p for area in ("ingest", "storage", "search", "discovery", "catalog", "ops")
+               for p in sorted((root / "research_agent" / area).rglob("*.py"))]
+    spelled = {str(p.relative_to(root)): keys for p in readers if p != nodes_py and (keys := _spelled_node_keys(p))}
+    spelled = {path: keys - NODE_SCHEMA_OTHER_MEANING.get(path, set()) for path, keys in spelled.items()}
+    spelled = {path: keys for path, keys in spelled.items() if keys}
+    assert set(spelled) - NODE_SCHEMA_NOT_YET == set(), f"import the keys from ingest/nodes.py instead: {spelled}"
+    fixed = NODE_SCHEMA_NOT_YET - set(spelled)
+    assert not fixed, f"fixed: delete from NODE_SCHEMA_NOT_YET {fixed}"
+
+
+def test_every_node_field_is_stored_and_read_back_unchanged() -> None:
+    # A field added to NodeFields without a stored key would be dropped between ingest and discovery.
+    assert {f.name for f in fields(NodeFields)} - {"extra"} == set(STORED_KEYS)
+    chunks = chunks_of("hybrid_duplicate_metadata.md")
+    for chunk in chunks:
+        back = from_metadata(to_metadata(chunk.node))
+        stored_extra = {k: v for k, v in chunk.node.extra.items() if k in ("title", "description")}
+        assert back == NodeFields(**{**chunk.node.__dict__, "extra": stored_extra})
+    assert {c.node.blocked_by[0] for c in chunks if c.node.blocked_by} == {"schema-review", "migrate-storage"}
+
+
+# -- line ranges (issue 17: citations an agent can act on) --------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _file_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").replace("\r\n", "\n").split("\n")
+
+
+def test_line_ranges_point_into_the_file_front_matter_counted() -> None:
+    path = FIXTURES / "guide_install.md"  # opens with 7 lines of front matter
+    lines = _file_lines(path)
+    chunks = chunk_document(parse_file(path), source="guide_install.md")
+    intro = chunks[0]
+    assert intro.text.startswith("This guide covers")
+    assert (intro.line_start, intro.line_end) == (lines.index(intro.text) + 1,) * 2 == (9, 9)
+    table = next(c for c in chunks if c.content_type == "table")
+    assert lines[table.line_start - 1] == "## Prerequisites" and lines[table.line_end - 1].startswith("| Windows")
+    code = next(c for c in chunks if c.content_type == "code_block")
+    assert lines[code.line_start - 1] == "```bash" and lines[code.line_end - 1] == "```"
+
+
+@pytest.mark.parametrize("relative", [
+    "tests/fixtures/docs/guide_install.md", "tests/fixtures/docs/guide_api.md",
+    "tests/fixtures/docs/hybrid_duplicate_metadata.md", "tests/fixtures/docs/hybrid_headers_in_fences.md",
+    "tests/fixtures/docs/hybrid_missing_separator.md", "research_agent/ingest/nodes.py", "LICENSE",
+])
+@pytest.mark.parametrize("max_tokens", [350, 40])
+def test_every_chunk_line_lies_within_its_range(relative: str, max_tokens: int, tmp_path: Path) -> None:
+    # Real files (markdown with front matter and hybrid metadata, Python, plain text), whole and split small.
+    path = REPO / relative
+    if path.suffix == "":  # LICENSE has no extension: read it as the .txt it is
+        path = tmp_path / "LICENSE.txt"
+        path.write_text((REPO / relative).read_text(encoding="utf-8"), encoding="utf-8")
+    lines = _file_lines(path)
+    chunks = chunk_document(parse_file(path), source=path.name, max_tokens=max_tokens)
+    assert chunks
+    previous_end = 0
+    for chunk in chunks:
+        assert chunk.line_start is not None and 1 <= chunk.line_start <= chunk.line_end <= len(lines)
+        span = lines[chunk.line_start - 1:chunk.line_end]
+        last = chunk.text.split()[-1]  # the chunk's last word is on its last lines (a cut piece inside a word)
+        assert any(last in word for word in " ".join(span[-3:]).split()) or last in "```~~~"
+        for line in (t.strip() for t in chunk.text.split("\n")):
+            where = [i + 1 for i, s in enumerate(lines) if s.strip() == line]
+            if line and len(where) == 1 and not line.startswith(("```", "~~~", "|")):  # markers and table heads repeat
+                assert chunk.line_start <= where[0] <= chunk.line_end, (line, chunk.line_start, chunk.line_end)
+        assert chunk.line_start >= previous_end - 1  # document order; a split may share its boundary line
+        previous_end = chunk.line_end
+
+
+def test_html_chunks_carry_no_line_range() -> None:
+    chunks = chunk_document(parse_file(FIXTURES / "page.html"), source="page.html")
+    assert chunks and all(c.line_start is None and c.line_end is None for c in chunks)

@@ -223,3 +223,93 @@ def test_watch_sees_changes_made_during_the_initial_sync(container, fake_embedde
     stop.set()
     t.join(timeout=10)
     assert "watched/during.md" in names, reports
+
+
+def test_a_file_with_unparsable_front_matter_is_ingested_with_a_warning_in_the_report(container, fake_embedder,
+                                                                                      tmp_path):
+    # Issue 17: bad front matter dropped the whole file. Real files: a tab-indented mapping, an unclosed quote,
+    # an impossible date (a ValueError from the YAML date constructor, which escaped the YAMLError handler).
+    folder = tmp_path / "cards"
+    folder.mkdir()
+    (folder / "tab.md").write_text("---\ntitle: Tab\n\tauthor: someone\n---\n# Tab card\n\ntabword body\n")
+    (folder / "quote.md").write_text('---\ntitle: "unclosed\n---\n# Quote card\n\nquoteword body\n')
+    (folder / "date.md").write_text("---\ntitle: Date\ncreated: 2023-02-30\n---\n# Date card\n\ndateword body\n")
+    collections.create_collection(container, "cards")
+    report = ingest.ingest_path(container, folder, "cards")
+    assert (report.added, report.skipped, report.failed) == (3, [], [])
+    assert sorted(w.path for w in report.warnings) == ["cards/date.md", "cards/quote.md", "cards/tab.md"]
+    assert all("Front matter" in w.reason and "ignored" in w.reason for w in report.warnings)
+    assert "Front matter" in json.dumps(report.model_dump(mode="json"))  # what a --json user sees
+    for word, document in (("tabword", "cards/tab.md"), ("quoteword", "cards/quote.md"), ("dateword", "cards/date.md")):
+        hits = query.query_knowledge(container, word, collections=["cards"], mode="keyword").results
+        assert [h.source_document for h in hits[:1]] == [document]
+
+
+def test_stored_chunks_carry_the_line_range_of_the_file(container, fake_embedder, docs_folder):
+    # Issue 17: a citation an agent can act on. guide_install.md opens with 7 lines of front matter.
+    from research_agent.catalog.collections import open_collection
+    from research_agent.storage.chunks import visible_chunks
+
+    collections.create_collection(container, "docs")
+    path = docs_folder / "guide_install.md"
+    ingest.ingest_path(container, path, "docs")
+    lines = path.read_text(encoding="utf-8").split("\n")
+    stored = [(text, meta) for _, text, meta, _ in
+              visible_chunks(container.store, "docs", open_collection(container, "docs"))]
+    assert stored and all(isinstance(m["line_start"], int) and m["line_start"] <= m["line_end"] for _, m in stored)
+    intro = next(m for text, m in stored if text.startswith("This guide covers"))
+    assert (intro["line_start"], intro["line_end"]) == (9, 9) and lines[8].startswith("This guide covers")
+    for text, meta in stored:  # each chunk's first and last line are in its range
+        first, last = text.split("\n")[0].strip(), text.split("\n")[-1].strip()
+        span = [s.strip() for s in lines[meta["line_start"] - 1:meta["line_end"]]]
+        assert first in span and last in span, (text[:60], meta["line_start"], meta["line_end"])
+
+
+def _sections_file(path: Path, sections: int) -> None:
+    """A Markdown file of `sections` headed sections of ~60 distinct words each (about a chunk per section)."""
+    path.write_text("\n\n".join(
+        f"## Section {i} of {path.stem}\n\n" + " ".join(f"{path.stem}word{i}x{j}" for j in range(60)) + "."
+        for i in range(sections)))
+
+
+@pytest.mark.slow
+def test_progress_moves_while_embedding_and_vectors_stay_those_of_the_chunks(container, tmp_path):
+    """The bar sat still for the 75 s of embedding (issue 15: 30 files read in a second, then no event until the
+    batch was written). Now a real ingest of ~100 chunks reports every embedding slice with a growing
+    chunks_done, "writing" counts files whose chunks are committed, and reindex reports per slice too; the
+    vectors written are still each chunk's own (slicing and its length order must not mix them up)."""
+    from research_agent.catalog.collections import open_collection
+    from research_agent.ingest.prepare import embedding_text
+
+    folder = tmp_path / "sliced"
+    folder.mkdir()
+    _sections_file(folder / "big.md", 70)
+    for name in ("a", "b", "c"):
+        _sections_file(folder / f"{name}.md", 10)
+    collections.create_collection(container, "sliced")
+    events: list[ingest.IngestProgress] = []
+    report = ingest.ingest_path(container, folder, "sliced", progress=events.append)
+    assert report.added == 4 and report.chunks_written >= 90, report
+    embedding = [e for e in events if e.stage == "embedding"]
+    done = [e.chunks_done for e in embedding]
+    assert len(embedding) >= 3 and done == sorted(done) and done[-1] == report.chunks_written, done
+    assert max(b - a for a, b in zip(done, done[1:])) <= ingest.EMBED_SLICE_CHUNKS, done
+    assert all(e.chunks_total == report.chunks_written and e.files_total == 4 for e in embedding)
+    assert all(e.files_done == 0 for e in embedding)  # one batch: no file is committed until it is written
+    progress = [e.files_progress for e in embedding]
+    assert progress == sorted(progress) and 0 <= progress[0] < progress[-1] <= 4, progress
+    last_embedding = events.index(embedding[-1])
+    writing = [e for e in events[last_embedding:] if e.stage == "writing"]
+    assert [e.files_done for e in writing] == [4] and events[-1].stage == "done"
+
+    got = open_collection(container, "sliced").get(include=["embeddings", "documents", "metadatas"])
+    expected = container.embedder.embed_documents(
+        [embedding_text(m, t) for m, t in zip(got["metadatas"], got["documents"])])
+    for stored, own in zip(got["embeddings"], expected):
+        assert sum(a * b for a, b in zip(stored, own)) > 0.9999  # unit vectors: cosine 1 up to float noise
+
+    events.clear()
+    ingest.reindex_collection(container, "sliced", progress=events.append)
+    done = [e.chunks_done for e in events if e.stage == "embedding"]
+    assert len(done) >= 4 and done == sorted(done) and done[-1] == report.chunks_written, done
+    assert max(b - a for a, b in zip(done, done[1:])) <= ingest.EMBED_SLICE_CHUNKS, done

@@ -147,6 +147,24 @@ def test_unusable_front_matter_of_a_file_is_skipped_not_the_file(tmp_path: Path,
     assert len(doc.warnings) == 1 and "card.md" in doc.warnings[0]
 
 
+@pytest.mark.parametrize(
+    "front_matter",
+    [
+        "title: Card\ncreated: 2023-02-30\n",  # a date YAML recognises but no calendar has (ValueError, not YAMLError)
+        "title: Card\ndate: 2024-13-45\n",  # month 13
+        "title: \"unclosed\ntags: [a\n",  # an unclosed quote and bracket
+    ],
+    ids=["impossible-day", "impossible-month", "unclosed-quote"],
+)
+def test_front_matter_that_fails_to_construct_keeps_the_body(tmp_path: Path, front_matter: str) -> None:
+    # Issue 17: 7 of 55 real model cards were dropped whole; an impossible date still raised past the YAML handler.
+    path = tmp_path / "card.md"
+    path.write_text(f"---\n{front_matter}---\n# Model card\n\nWeights and usage.\n")
+    doc = parse_file(path)
+    assert (doc.text, doc.title, doc.metadata) == ("# Model card\n\nWeights and usage.\n", "Model card", {})
+    assert len(doc.warnings) == 1 and doc.warnings[0].startswith("Front matter of card.md ignored: invalid YAML")
+
+
 def test_good_front_matter_has_no_warnings() -> None:
     assert parse_file(FIXTURES / "guide_install.md").warnings == []
 

@@ -1,4 +1,5 @@
-"""The Markdown-JSON hybrid node format: metadata bullets under a header make that section a node.
+"""The Markdown-JSON hybrid node format, and the one definition of a node's fields: names, types,
+defaults, how each value parses, and the chunk metadata key each is stored under.
 
     ## Retry the upload
     - id: task-upload-retry
@@ -7,18 +8,18 @@
     <!-- content -->
     Body text ...
 
-This module reads that block (which bullets are metadata, how values parse) and maps it onto the node
-fields every chunk carries; chunking.py decides where sections and chunks begin. The node fields are also
-spelled out, one field at a time, outside this module (issue 13: "the node schema five times"):
-ingest/chunking.py `Chunk` (the chunk's copy), ingest/prepare.py `chunk_metadata` (chunk to Chroma
-metadata, capped), discovery/node_index.py (Chroma metadata back to a Node), discovery/service.py and
-discovery/mcp_face.py (node to wire dict), and discovery/models.py (the wire shapes).
+This module reads that block (which bullets are metadata, how values parse) into `NodeFields`, writes a
+node into a chunk's Chroma metadata (`to_metadata`, capped) and reads it back (`from_metadata`);
+chunking.py decides where sections and chunks begin and hands each chunk its `NodeFields`. Issue 13 found
+the fields spelled out five times (the chunk's copy, prepare's metadata, discovery's reader, two wire
+dicts); ingest/ now names them only here (tests/test_chunking.py::test_the_node_schema_is_defined_once).
+discovery/node_index.py still reads the stored keys itself until it calls `from_metadata`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 CONTENT_SEPARATOR = re.compile(r"^[ \t]*<!--[ \t]*content[ \t]*-->[ \t]*$", re.IGNORECASE)
@@ -49,6 +50,48 @@ class NodeFields:
     last_checked: str | None = None
     labels: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+#: The chunk metadata key each NodeFields field is stored under (all but `extra`): the one list.
+STORED_KEYS: dict[str, str] = {
+    "id": "node_id", "type": "node_type", "status": "status", "parent_id": "parent_id",
+    "blocked_by": "blocked_by", "last_checked": "last_checked", "labels": "labels",
+}
+#: Hybrid bullets kept in `extra` that are stored too, under their own key (discovery's title and description).
+STORED_EXTRA_KEYS: dict[str, str] = {"title": "node_title", "description": "node_description"}
+#: Front-matter keys that describe the node of the text before the first header.
+FRONT_MATTER_KEYS = ("id", "type", "status")
+_LIST_FIELDS = frozenset(f.name for f in fields(NodeFields) if f.name in STORED_KEYS and f.default_factory is list)
+
+
+def to_metadata(node: NodeFields) -> dict[str, Any]:
+    """The node's chunk metadata, capped like everything a chunk repeats (chunking's *_MAX_* constants);
+    ids, types and statuses are capped alike so references still match. Empty values are left out."""
+    from research_agent.ingest.chunking import FIELD_MAX_CHARS, LIST_ITEM_MAX_CHARS, cap_list, cap_text
+
+    meta: dict[str, Any] = {}
+    for name, key in STORED_KEYS.items():
+        value = getattr(node, name)
+        if name in _LIST_FIELDS:
+            meta[key] = cap_list(list(value)) or None
+        else:
+            meta[key] = cap_text(value, LIST_ITEM_MAX_CHARS) if isinstance(value, str) else value
+    for name, key in STORED_EXTRA_KEYS.items():
+        value = node.extra.get(name)
+        if isinstance(value, str) and value:
+            meta[key] = cap_text(value, FIELD_MAX_CHARS)
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def from_metadata(meta: dict[str, Any]) -> NodeFields:
+    """The node a stored chunk's metadata describes (the inverse of to_metadata); `id` is "" when the chunk
+    was stored without one (the caller derives it, e.g. from the anchor)."""
+    values: dict[str, Any] = {name: meta.get(key) for name, key in STORED_KEYS.items()}
+    for name in _LIST_FIELDS:
+        values[name] = list(values[name] or [])
+    values["id"] = values["id"] or ""
+    extra = {name: meta[key] for name, key in STORED_EXTRA_KEYS.items() if meta.get(key)}
+    return NodeFields(**values, extra=extra)
 
 
 def node_fields(meta: dict[str, Any] | None, generated_id: str, parent_id: str | None) -> NodeFields:

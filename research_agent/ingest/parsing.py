@@ -100,6 +100,9 @@ class ParsedDocument:
     pages: list[tuple[int, str]] | None = None
     #: Problems the reader worked around (e.g. front matter that did not parse): the file is still used.
     warnings: list[str] = field(default_factory=list)
+    #: The file's line (1-based) where `text` begins: after the front matter, so chunk line ranges point
+    #: into the file as an editor shows it. Meaningful for markdown, text and code (their text is the file's).
+    first_line: int = 1
 
 
 class _Limits:
@@ -200,7 +203,9 @@ def parse_text(text: str, *, format: str = "markdown", name: str = "") -> Parsed
     if format == "markdown":
         metadata, body, warnings = _split_front_matter(text, name)
         title = _first_str(metadata.get("title")) or _first_h1(body)
-        return ParsedDocument(text=body, format="markdown", title=title, metadata=metadata, warnings=warnings)
+        first_line = text.count("\n", 0, len(text) - len(body)) + 1  # the body is a suffix of the text
+        return ParsedDocument(text=body, format="markdown", title=title, metadata=metadata, warnings=warnings,
+                              first_line=first_line)
     if format == "text":
         return ParsedDocument(text=text, format="text")
     if format == "code":
@@ -305,6 +310,10 @@ def _load_front_matter(source: str) -> Any:
         raise DocumentError(f"invalid YAML{line}: {getattr(exc, 'problem', None) or exc}") from exc
     except RecursionError as exc:
         raise DocumentError("invalid YAML: nested too deeply") from exc
+    except (ValueError, TypeError, OverflowError) as exc:
+        # A constructor, not the parser: `created: 2023-02-30` matches YAML's date pattern and then
+        # datetime.date raises ValueError, which dropped the whole file (issue 17).
+        raise DocumentError(f"invalid YAML: {str(exc)[:200]}") from exc
     finally:
         loader.dispose()
 

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from research_agent.errors import DocumentError
 from research_agent.ingest import folder
-from research_agent.storage.registry import document_key  # noqa: F401 - re-exported by ingest
+from research_agent.ingest.nodes import to_metadata
+from research_agent.storage.registry import (  # noqa: F401 - re-exported by ingest
+    chunk_ids,
+    document_key,
+    version_ids,
+)
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -35,12 +40,6 @@ class PreparedDocument:
     path: str | None = None  # absolute file path, for prune and watch
     extra: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # what the reader worked around (bad front matter...)
-
-
-def chunk_ids(collection: str, document: str, content_hash: str, count: int) -> list[str]:
-    """Ids from (collection, document, content version, chunk number): a new version never overwrites the old."""
-    base = hashlib.sha1(f"{collection}\n{document}".encode()).hexdigest()[:16]
-    return [f"{base}-{content_hash[:12]}-{i:05d}" for i in range(count)]
 
 
 def content_hash(data: bytes | str) -> str:
@@ -155,15 +154,11 @@ def chunk_metadata(collection: str, doc: PreparedDocument, chunk: Any, seq: int)
     chunking module's *_MAX_* constants): uncapped, a 1.2 MB file with a long title made a 308 MB store."""
     from research_agent.ingest.chunking import (
         FIELD_MAX_CHARS,
-        LIST_ITEM_MAX_CHARS,
         TITLE_MAX_CHARS,
         cap_header_path,
         cap_list,
         cap_text,
     )
-
-    def name(value: Any) -> Any:  # node ids, types, statuses: capped alike, so references still match
-        return cap_text(value, LIST_ITEM_MAX_CHARS) if isinstance(value, str) else value
 
     meta: dict[str, Any] = {
         "collection": collection,
@@ -176,24 +171,16 @@ def chunk_metadata(collection: str, doc: PreparedDocument, chunk: Any, seq: int)
         "content_hash": doc.content_hash,
         "kind": doc.kind,
         "source": doc.source,
-        "node_id": name(chunk.node_id),
-        "node_type": name(chunk.node_type),
-        "status": name(chunk.status),
-        "parent_id": name(chunk.parent_id),
-        "blocked_by": cap_list(list(chunk.blocked_by)) or None,
-        "last_checked": name(chunk.last_checked),
-        "labels": cap_list(list(chunk.labels)) or None,
+        **to_metadata(chunk.node),
         "anchor": chunk.anchor,
         "page": chunk.page,
+        "line_start": chunk.line_start,
+        "line_end": chunk.line_end,
         "token_count": chunk.token_count,
     }
     for key in ("description", "added_at"):
         if isinstance(doc.extra.get(key), str):
             meta[key] = cap_text(doc.extra[key], FIELD_MAX_CHARS)
-    for key in ("title", "description"):  # the hybrid format's node-level bullets
-        value = chunk.node_metadata.get(key)
-        if isinstance(value, str) and value:
-            meta[f"node_{key}"] = cap_text(value, FIELD_MAX_CHARS)
     kw = doc.extra.get("keywords") or doc.extra.get("tags")
     if isinstance(kw, list) and kw:
         meta["keywords"] = cap_list([str(k) for k in kw])
@@ -210,9 +197,3 @@ def embedding_text(meta: dict[str, Any], text: str) -> str:
 
     context = embedding_context(meta.get("document_title"), meta.get("header_path"))
     return f"{context}\n{text}" if context and context not in text[:200] else text
-
-
-def version_ids(collection: str, versions: Iterable[dict[str, Any]]) -> list[str]:
-    return [
-        cid for v in versions for cid in chunk_ids(collection, v["document"], v["content_hash"], int(v["chunk_count"]))
-    ]

@@ -1,13 +1,12 @@
 """Ingestion: files and folders into a collection, incremental by content hash, atomic per document.
 
-The write side: write_documents (intent, embed, upsert, manifest flip), recovery of interrupted writes,
-ingest_path, prune_missing, remove_document and reindex_collection. Preparing a file is prepare.py;
-reading what was ingested is documents.py.
+The write side's orchestration: write_documents (chunk ids, metadata and vectors for the new versions, then
+storage/writer.py's protocol under the write lock), recovery before new work, ingest_path, prune_missing,
+remove_document and reindex_collection. Preparing a file is prepare.py; reading what was ingested is documents.py.
 
-Over 400 lines (~440) on purpose: the crash tests (tests/test_concurrency.py FAKE_CLI, RA_TEST_KILL_AT)
-replace this module's write steps by name (_write_intent, _clear_intent, _ensure_dimension, delete_chunks,
-delete_documents) and rely on every caller reading them as this module's globals. Moving prune or ingest
-to another module would let them call the unhooked originals.
+The crash tests (tests/test_concurrency.py FAKE_CLI, RA_TEST_KILL_AT) replace the write steps by their names
+on this module (_write_intent, _clear_intent, _ensure_dimension, delete_chunks, delete_documents), so the
+steps stay names here and reach storage/writer.py through `_steps()`, read at each call.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ from research_agent.ingest.prepare import (
     source_name,
     version_ids,
 )
-from research_agent.storage.registry import intent_key
+from research_agent.storage import writer
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -88,100 +87,52 @@ class IngestReport(BaseModel):
 ProgressFn = Callable[[IngestProgress], None]
 
 
-# -- writing ----------------------------------------------------------------------------------
+# -- writing: what to write is prepared here; the order of the steps is storage/writer.py's -----------
+# The write steps as this module's names: the crash tests replace them here (see the module docstring), and
+# _steps() hands whatever these names hold now to the protocol.
+_write_intent = writer.write_intent
+_clear_intent = writer.clear_intent
+_ensure_dimension = writer.ensure_dimension
+delete_chunks = writer.delete_chunks
+STALE_INTENT_SECONDS = writer.STALE_INTENT_SECONDS
+
+
+def _steps() -> writer.Steps:
+    return writer.Steps(write_intent=_write_intent, clear_intent=_clear_intent, ensure_dimension=_ensure_dimension,
+                        delete_chunks=delete_chunks)
+
+
 def write_documents(c: Container, collection: str, docs: list[PreparedDocument]) -> int:
     """Embed and write documents; each becomes visible at once when its manifest flips."""
     if not docs:
         return 0
-    col = open_collection(c, collection)
-    ids: list[str] = []
-    texts: list[str] = []
-    metas: list[dict[str, Any]] = []
+    open_collection(c, collection)
+    new = writer.Versions()
     for doc in docs:
         for seq, (cid, chunk) in enumerate(zip(chunk_ids(collection, doc.document, doc.content_hash, len(doc.chunks)),
                                                doc.chunks)):
-            meta = chunk_metadata(collection, doc, chunk, seq)
-            ids.append(cid)
-            texts.append(chunk.text)
-            metas.append(meta)
+            new.ids.append(cid)
+            new.texts.append(chunk.text)
+            new.metas.append(chunk_metadata(collection, doc, chunk, seq))
+        new.manifests[document_key(collection, doc.document)] = {
+            "document": doc.document, "title": doc.title, "kind": doc.kind, "source": doc.source, "path": doc.path,
+            "content_hash": doc.content_hash, "chunk_count": len(doc.chunks), "collection": collection,
+            "extra": doc.extra}
     embedder = c.embedder
-    vectors = embedder.embed_documents([embedding_text(m, t) for m, t in zip(metas, texts)])
-    keys = [document_key(collection, d.document) for d in docs]
+    new.vectors = embedder.embed_documents([embedding_text(m, t) for m, t in zip(new.metas, new.texts)])
     with c.store.write_lock():
         col = open_collection(c, collection)
         recover_interrupted(c, collection, col)
-        old = c.store.registry_get(keys)
-        stale = {
-            key: old[key] for key, d in zip(keys, docs) if key in old and old[key]["content_hash"] != d.content_hash
-        }
-        # The intent names both versions, so a crash at any step below is undone by the next writer.
-        intent = _write_intent(c, collection, [*stale.values(), *({"document": d.document,
-                                                                   "content_hash": d.content_hash,
-                                                                   "chunk_count": len(d.chunks)} for d in docs)])
-        # 1. new chunks (invisible: no manifest points at their hash yet); 2. flip manifests;
-        # 3. drop the old version's chunks. Queries see exactly one version at every moment.
-        for start in range(0, len(ids), 1000):
-            col.upsert(ids=ids[start:start + 1000], embeddings=vectors[start:start + 1000],
-                       documents=texts[start:start + 1000], metadatas=metas[start:start + 1000])
-        _ensure_dimension(col, embedder.dimension)
-        stamp = now_iso()
-        manifests = {
-            key: {"document": d.document, "title": d.title, "kind": d.kind, "source": d.source, "path": d.path,
-                  "content_hash": d.content_hash, "chunk_count": len(d.chunks), "updated_at": stamp,
-                  "collection": collection,
-                  "added_at": old.get(key, {}).get("added_at", stamp),
-                  "extra": d.extra}
-            for key, d in zip(keys, docs)
-        }
-        c.store.registry_put(manifests, "document", collection)
-        delete_chunks(col, version_ids(collection, stale.values()))
-        _clear_intent(c, intent)
-        c.store.bump_revision(collection)
-    return len(ids)
-
-
-def delete_chunks(col: Any, ids: list[str]) -> None:
-    for start in range(0, len(ids), 1000):
-        col.delete(ids=ids[start:start + 1000])
-
-
-# In server mode writers from other machines run at the same time as this one, so each write keeps
-# its own intent, and only an intent older than this is taken for a crashed writer's.
-STALE_INTENT_SECONDS = 600.0
-
-
-def _write_intent(c: Container, collection: str, versions: list[dict[str, Any]]) -> str:
-    key = intent_key(collection)
-    c.store.registry_put({key: {"versions": versions, "created": time.time()}}, "intent", collection)
-    return key
-
-
-def _clear_intent(c: Container, key: str) -> None:
-    c.store.registry_delete([key])
+        writer.commit(c.store, col, collection, new, dimension=embedder.dimension, now=now_iso, steps=_steps())
+    return len(new.ids)
 
 
 def recover_interrupted(c: Container, collection: str, col: Any, *, min_age: float | None = None) -> int:
-    """Undo writes that were killed midway (under the write lock): drop chunks no manifest points at.
-
-    Embedded stores serialize writers, so every intent found is a dead writer's; on a Chroma server
-    only intents older than `min_age` (default STALE_INTENT_SECONDS) are.
-    """
+    """Undo writes that were killed midway (under the write lock): writer.recover_interrupted, with intents
+    older than STALE_INTENT_SECONDS taken for dead writers' on a Chroma server, every one in embedded mode."""
     if min_age is None:
         min_age = STALE_INTENT_SECONDS if c.settings.server_mode else 0.0
-    intents = {k: v for k, v in c.store.registry_find("intent", collection).items()
-               if time.time() - float(v.get("created", 0)) >= min_age}
-    removed = 0
-    for key, intent in intents.items():
-        versions = intent["versions"]
-        current = {m["document"]: m["content_hash"] for m in c.store.registry_get(
-            list(dict.fromkeys(document_key(collection, v["document"]) for v in versions))).values()}
-        orphans = [v for v in versions if current.get(v["document"]) != v["content_hash"]]
-        ids = version_ids(collection, orphans)
-        delete_chunks(col, ids)
-        _clear_intent(c, key)
-        removed += len(ids)
-        log.warning("recovered an interrupted write to %s: removed %d orphan chunks", collection, len(ids))
-    return removed
+    return writer.recover_interrupted(c.store, collection, col, min_age=min_age, steps=_steps())
 
 
 def recover_if_needed(c: Container, collection: str) -> None:
@@ -193,28 +144,14 @@ def recover_if_needed(c: Container, collection: str) -> None:
                 c.store.bump_revision(collection)
 
 
-def _ensure_dimension(col: Any, dimension: int) -> None:
-    meta = dict(col.metadata or {})
-    if meta.get("embedding_dimension") != dimension:
-        meta["embedding_dimension"] = dimension
-        col.modify(metadata={k: v for k, v in meta.items() if not k.startswith("hnsw:")})
-
-
 def delete_documents(c: Container, collection: str, manifests: dict[str, dict[str, Any]]) -> int:
-    """Remove documents: manifest first (invisible at once), then their chunks."""
+    """Remove documents: manifest first (invisible at once), then their chunks (writer.delete)."""
     if not manifests:
         return 0
     col = open_collection(c, collection, check_model=False)
     with c.store.write_lock():
         recover_interrupted(c, collection, col)
-        versions = list(manifests.values())
-        intent = _write_intent(c, collection, versions)
-        c.store.registry_delete(list(manifests))
-        ids = version_ids(collection, versions)
-        delete_chunks(col, ids)
-        _clear_intent(c, intent)
-        c.store.bump_revision(collection)
-    return len(ids)
+        return writer.delete(c.store, col, collection, manifests, steps=_steps())
 
 
 # -- the service --------------------------------------------------------------------------------

@@ -6,6 +6,8 @@
                read gate (flock files) a writer closes only around its commit steps
 - swaps.py     reindex swaps: working-copy and backup names, the rename protocol, recovery after a kill
 - registry.py  our own records in the meta collection: every key format, get/find/put/delete, revisions
+- writer.py    the crash-safe write protocol: intent, new chunks, manifest flip, old chunks out, revision
+               bump; recovery of a dead writer's intent
 - chunks.py    the one paging loop over a Chroma collection and the visibility rule (a chunk is visible
                only if its document's manifest names its content hash)
 

@@ -11,10 +11,11 @@ built here, by one function per kind: six modules used to spell them out themsel
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterable
 
 from research_agent.storage import chunks
 
@@ -34,6 +35,19 @@ HISTORY = "history"    # one recent query
 def document_key(collection: str, document: str) -> str:
     """The key of a document's manifest; `document` comes from source_name (or research:/note:)."""
     return f"{DOCUMENT}:{collection}:{document}"
+
+
+def chunk_ids(collection: str, document: str, content_hash: str, count: int) -> list[str]:
+    """Ids from (collection, document, content version, chunk number): a new version never overwrites the old."""
+    base = hashlib.sha1(f"{collection}\n{document}".encode()).hexdigest()[:16]
+    return [f"{base}-{content_hash[:12]}-{i:05d}" for i in range(count)]
+
+
+def version_ids(collection: str, versions: Iterable[dict[str, Any]]) -> list[str]:
+    """The chunk ids of document versions (manifests or an intent's entries: document, content_hash, chunk_count)."""
+    return [
+        cid for v in versions for cid in chunk_ids(collection, v["document"], v["content_hash"], int(v["chunk_count"]))
+    ]
 
 
 def project_key(name: str) -> str:

@@ -1,0 +1,145 @@
+"""The crash-safe write protocol: intents, new versions in before manifests flip, recovery of dead writers.
+
+Every write to a collection, under the store's write lock:
+  0. record an intent (`intent:{collection}:{uuid}`) naming the old and the new version of each document;
+  1. upsert the new chunks (invisible: no manifest names their content hash yet);
+  2. flip the manifests (each document switches to its new version at once);
+  3. delete the old version's chunks; 4. clear the intent; 5. bump the collection's revision.
+A kill between any two steps leaves an intent, and the next writer (or `doctor --repair`) deletes whichever
+version no manifest points at (`recover_interrupted`), so readers see exactly one version at every moment
+(tests/test_crash_harness.py kills at each of 33 steps).
+
+The steps are called through `Steps`: ingest/service.py passes its own module globals, because the crash
+tests (tests/test_concurrency.py FAKE_CLI, RA_TEST_KILL_AT) replace a step by its name on that module.
+What a write contains (chunks, vectors, manifests) is the caller's; this module owns only the order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from research_agent.storage.registry import DOCUMENT, INTENT, document_key, intent_key, version_ids
+
+if TYPE_CHECKING:
+    from research_agent.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+# Chroma takes at most ~5,461 records per call (its SQLite variable limit); 1,000 keeps every call small.
+WRITE_BATCH = 1000
+# In server mode writers from other machines run at the same time as this one, so each write keeps
+# its own intent, and only an intent older than this is taken for a crashed writer's.
+STALE_INTENT_SECONDS = 600.0
+
+
+def write_intent(store: Store, collection: str, versions: list[dict[str, Any]]) -> str:
+    key = intent_key(collection)
+    store.registry_put({key: {"versions": versions, "created": time.time()}}, INTENT, collection)
+    return key
+
+
+def clear_intent(store: Store, key: str) -> None:
+    store.registry_delete([key])
+
+
+def ensure_dimension(col: Any, dimension: int) -> None:
+    meta = dict(col.metadata or {})
+    if meta.get("embedding_dimension") != dimension:
+        meta["embedding_dimension"] = dimension
+        col.modify(metadata={k: v for k, v in meta.items() if not k.startswith("hnsw:")})
+
+
+def delete_chunks(col: Any, ids: list[str]) -> None:
+    for start in range(0, len(ids), WRITE_BATCH):
+        col.delete(ids=ids[start:start + WRITE_BATCH])
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The protocol's write steps; the defaults are this module's."""
+
+    write_intent: Callable[[Store, str, list[dict[str, Any]]], str] = write_intent
+    clear_intent: Callable[[Store, str], None] = clear_intent
+    ensure_dimension: Callable[[Any, int], None] = ensure_dimension
+    delete_chunks: Callable[[Any, list[str]], None] = delete_chunks
+
+
+@dataclass
+class Versions:
+    """The new versions one write commits: their chunks (ids, vectors, texts, metadata, in order) and, per
+    manifest key, the manifest without its timestamps (commit stamps `updated_at` and keeps `added_at`)."""
+
+    ids: list[str] = field(default_factory=list)
+    vectors: list[Any] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    metas: list[dict[str, Any]] = field(default_factory=list)
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def commit(store: Store, col: Any, collection: str, new: Versions, *, dimension: int, now: Callable[[], str],
+           steps: Steps = Steps()) -> None:
+    """Steps 0-5 of the protocol (the caller holds the write lock and has recovered dead writers first)."""
+    old = store.registry_get(list(new.manifests))
+    stale = {key: old[key] for key, m in new.manifests.items()
+             if key in old and old[key]["content_hash"] != m["content_hash"]}
+    # The intent names both versions, so a crash at any step below is undone by the next writer.
+    intent = steps.write_intent(store, collection, [*stale.values(), *(
+        {"document": m["document"], "content_hash": m["content_hash"], "chunk_count": m["chunk_count"]}
+        for m in new.manifests.values())])
+    for start in range(0, len(new.ids), WRITE_BATCH):
+        end = start + WRITE_BATCH
+        col.upsert(ids=new.ids[start:end], embeddings=new.vectors[start:end], documents=new.texts[start:end],
+                   metadatas=new.metas[start:end])
+    steps.ensure_dimension(col, dimension)
+    stamp = now()
+    store.registry_put({key: _stamped(m, old.get(key, {}), stamp) for key, m in new.manifests.items()},
+                       DOCUMENT, collection)
+    steps.delete_chunks(col, version_ids(collection, stale.values()))
+    steps.clear_intent(store, intent)
+    store.bump_revision(collection)
+
+
+def _stamped(manifest: dict[str, Any], old: dict[str, Any], stamp: str) -> dict[str, Any]:
+    """The manifest as stored: fields in the order stores have always had them, `added_at` kept from the old."""
+    head = {k: v for k, v in manifest.items() if k not in ("collection", "extra")}
+    return {**head, "updated_at": stamp, "collection": manifest["collection"],
+            "added_at": old.get("added_at", stamp), "extra": manifest.get("extra")}
+
+
+def delete(store: Store, col: Any, collection: str, manifests: dict[str, dict[str, Any]], *,
+           steps: Steps = Steps()) -> int:
+    """Remove documents (under the write lock): manifests first (invisible at once), then their chunks."""
+    versions = list(manifests.values())
+    intent = steps.write_intent(store, collection, versions)
+    store.registry_delete(list(manifests))
+    ids = version_ids(collection, versions)
+    steps.delete_chunks(col, ids)
+    steps.clear_intent(store, intent)
+    store.bump_revision(collection)
+    return len(ids)
+
+
+def recover_interrupted(store: Store, collection: str, col: Any, *, min_age: float,
+                        steps: Steps = Steps()) -> int:
+    """Undo writes that were killed midway (under the write lock): drop chunks no manifest points at.
+
+    Embedded stores serialize writers, so every intent found is a dead writer's (min_age 0); on a Chroma
+    server only intents older than `min_age` (STALE_INTENT_SECONDS) are.
+    """
+    intents = {k: v for k, v in store.registry_find(INTENT, collection).items()
+               if time.time() - float(v.get("created", 0)) >= min_age}
+    removed = 0
+    for key, intent in intents.items():
+        versions = intent["versions"]
+        current = {m["document"]: m["content_hash"] for m in store.registry_get(
+            list(dict.fromkeys(document_key(collection, v["document"]) for v in versions))).values()}
+        orphans = [v for v in versions if current.get(v["document"]) != v["content_hash"]]
+        ids = version_ids(collection, orphans)
+        steps.delete_chunks(col, ids)
+        steps.clear_intent(store, key)
+        removed += len(ids)
+        log.warning("recovered an interrupted write to %s: removed %d orphan chunks", collection, len(ids))
+    return removed
