@@ -18,6 +18,7 @@ Prints the coefficients, the candidate recall and the ECE/hit@1 of each set rank
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -65,7 +66,8 @@ def candidates_for(c, task: str, collections: list[str], task_type: str | None) 
 
 
 def offset(s: ranking.Scored) -> float:
-    return sum(math.log(max(b, 1e-6)) for _, b in s.factors)
+    """The log-odds the fit takes as given: the boosts and scoring.prior (the fixed identifier evidence)."""
+    return sum(math.log(max(b, 1e-6)) for _, b in s.factors) + scoring.prior(s.features)
 
 
 def catalog_rows(store: Path, split: str) -> list[dict]:
@@ -97,36 +99,78 @@ def salad(tasks: list[str], seed: int = 3) -> str:
     return "# Notes\n\n" + "\n".join(" ".join(words[i:i + 15]) + "." for i in range(0, len(words), 15)) + "\n"
 
 
-def golden_rows() -> list[dict]:
+def golden_tasks() -> list[dict]:
     import yaml
 
+    return yaml.safe_load((GOLDEN_DIR / "golden.yaml").read_text(encoding="utf-8"))["tasks"]
+
+
+@contextlib.contextmanager
+def golden_store(with_salad: bool):
+    """A container over the golden knowledge base (plus the word-salad file) ingested in a temporary store."""
     from research_agent import ingest
     from research_agent.catalog import collections
     from research_agent.container import build_container
 
-    tasks = yaml.safe_load((GOLDEN_DIR / "golden.yaml").read_text(encoding="utf-8"))["tasks"]
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         c = build_container(store=str(Path(tmp) / "store"))
         try:
             collections.create_collection(c, "knowledge", type="fundamental")
             kb = Path(tmp) / "kb"
             shutil.copytree(GOLDEN_DIR, kb)
-            (kb / "salad.md").write_text(salad(SALAD_TASKS), encoding="utf-8")
+            if with_salad:
+                (kb / "salad.md").write_text(salad(SALAD_TASKS), encoding="utf-8")
             ingest.ingest_path(c, kb, "knowledge", recursive=True, include=["*.md"])
-            extra = [{"task": task, "task_type": tt, "expected": []} for task, tt in GENERIC_TASKS]
-            extra += [{"task": task, "task_type": None, "expected": []} for task in SALAD_TASKS]
-            for i, t in enumerate(tasks + extra):
-                for s in candidates_for(c, t["task"], ["knowledge"], t.get("task_type")):
-                    rows.append({"set": "golden", "task": i, "y": int(s.node.id in (t["expected"] or [])),
-                                 "offset": offset(s), **s.features})
+            yield c
         finally:
             c.close()
+
+
+def golden_rows() -> list[dict]:
+    extra = [{"task": task, "task_type": tt, "expected": []} for task, tt in GENERIC_TASKS]
+    extra += [{"task": task, "task_type": None, "expected": []} for task in SALAD_TASKS]
+    rows = []
+    with golden_store(with_salad=True) as c:
+        for i, t in enumerate(golden_tasks() + extra):
+            for s in candidates_for(c, t["task"], ["knowledge"], t.get("task_type")):
+                rows.append({"set": "golden", "task": i, "y": int(s.node.id in (t["expected"] or [])),
+                             "offset": offset(s), **s.features})
     return rows
 
 
-def fit(rows: list[dict]) -> tuple[float, np.ndarray]:
-    """Weighted L2-penalised logistic regression with an offset, by Newton's method (a few iterations)."""
+def golden_pipeline(intercept: float, coef: np.ndarray) -> dict:
+    """The golden tasks through discover_context itself (collapsing included) under the given coefficients.
+
+    What tests/test_discovery.py measures, but for a model that may not be the shipped one: with --leave-out
+    golden it is the held-out figure (issue 14: the golden set was in the fit, so its 1.00 was in-sample).
+    """
+    from research_agent import discovery
+
+    saved = scoring.INTERCEPT, dict(scoring.COEF)
+    scoring.INTERCEPT, scoring.COEF = intercept, dict(zip(scoring.FEATURES, map(float, coef)))
+    ranks, taken = [], []
+    try:
+        with golden_store(with_salad=False) as c:
+            for t in golden_tasks():
+                res = discovery.discover_context(c, t["task"], task_type=t.get("task_type"))
+                if not t["expected"]:
+                    taken += [t["task"]] if res.total_available else []
+                    continue
+                ids = [r.id for r in res.recommendations]
+                ranks.append(next((i + 1 for i, x in enumerate(ids) if x in t["expected"]), None))
+    finally:
+        scoring.INTERCEPT, scoring.COEF = saved
+    return {"tasks": len(ranks), **{f"hit@{k}": round(sum(1 for r in ranks if r and r <= k) / len(ranks), 3)
+                                    for k in (1, 3)},
+            "no_knowledge_tasks_recommending": taken}
+
+
+def fit(rows: list[dict], leave_out: tuple[str, ...] = ()) -> tuple[float, np.ndarray]:
+    """Weighted L2-penalised logistic regression with an offset, by Newton's method (a few iterations).
+
+    Rows of the sets named in `leave_out` are not fitted on (report() still scores them: held-out figures).
+    """
+    rows = [r for r in rows if r["set"] not in leave_out]
     X = np.array([[r[f] for f in scoring.FEATURES] for r in rows], dtype=float)
     X = np.hstack([np.ones((len(X), 1)), X])
     y = np.array([r["y"] for r in rows], dtype=float)
@@ -148,7 +192,7 @@ def fit(rows: list[dict]) -> tuple[float, np.ndarray]:
 
 
 def report(rows: list[dict], intercept: float, coef: np.ndarray) -> dict:
-    """Per set: candidate recall, hit@1 and ECE of the top 10 by the fitted score (no collapsing)."""
+    """Per set: candidate recall, hit@1/hit@3, leaders >= 0.5, ECE of the top 10 by the fitted score (no collapsing)."""
     out = {}
     for name in sorted({r["set"] for r in rows}):
         mine = [r for r in rows if r["set"] == name]
@@ -160,8 +204,12 @@ def report(rows: list[dict], intercept: float, coef: np.ndarray) -> dict:
             by_task.setdefault(r["task"], []).append(r)
         real = [t for t in by_task.values() if any(r["y"] for r in t)]
         top = [sorted(t, key=lambda r: -r["p"])[:10] for t in by_task.values()]
+        real_top = [t for t in top if any(r["y"] for r in by_task[t[0]["task"]])]
         out[name] = {"tasks": len(by_task), "with_a_right_candidate": len(real),
                      "hit@1": sum(1 for t in top if t[0]["y"]) / max(len(real), 1),
+                     "hit@3": sum(1 for t in top if any(r["y"] for r in t[:3])) / max(len(real), 1),
+                     "real_leader_ge_05": sum(1 for t in real_top if t[0]["p"] >= 0.5) / max(len(real), 1),
+                     "other_leader_ge_05": sum(1 for t in top if t not in real_top and t[0]["p"] >= 0.5),
                      "ece_top10": toolgym.ece([(r["p"], bool(r["y"])) for t in top for r in t])}
     return out
 
@@ -180,16 +228,22 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write the fitted block into scoring.py")
     ap.add_argument("--rows", type=Path, default=toolgym.WORK / "fit_rows.json")
     ap.add_argument("--reuse", action="store_true", help="reuse the dumped rows of an earlier run")
+    ap.add_argument("--leave-out", action="append", default=[], choices=("golden", "toolgym"),
+                    help="fit without this set; its figures are then held-out (repeatable)")
+    ap.add_argument("--golden-pipeline", action="store_true",
+                    help="also run the golden tasks through discover_context under the fitted model")
     args = ap.parse_args()
     if args.reuse and args.rows.is_file():
         rows = json.loads(args.rows.read_text())
     else:
         rows = catalog_rows(args.store, "dev") + golden_rows()
         args.rows.write_text(json.dumps(rows))
-    intercept, coef = fit(rows)
+    intercept, coef = fit(rows, tuple(args.leave_out))
     print(json.dumps({"intercept": round(intercept, 3),
                       "coef": {f: round(float(c), 3) for f, c in zip(scoring.FEATURES, coef)},
-                      "sets": report(rows, intercept, coef)}, indent=1))
+                      "left_out": args.leave_out, "sets": report(rows, intercept, coef),
+                      **({"golden_pipeline": golden_pipeline(intercept, coef)} if args.golden_pipeline else {})},
+                     indent=1))
     if args.write:
         write_block(intercept, coef)
 

@@ -327,6 +327,38 @@ def test_list_knowledge_bases_and_filters(small):
     assert discovery.list_knowledge_bases(small, filter_type="guideline").knowledge_bases == []
 
 
+def test_list_knowledge_bases_pages_every_file_once_with_totals_of_every_match(container, fake_embedder, tmp_path):
+    # Issue 15: the library pages the catalogue (catalog/common.py paginate), so the MCP tool is a thin call and
+    # a library caller gets the same pages; total_files/total_nodes count every match, not the page.
+    for name, files in (("orchard", 5), ("grove", 2)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for i in range(files):
+            (folder / f"f{i}.md").write_text(f"# File {i}\n- id: {name}-{i}\n- type: {'task' if i % 2 else 'plan'}\n"
+                                             f"<!-- content -->\nText {i}.\n\n## Part\nMore about {i}.\n")
+        collections.create_collection(container, name)
+        ingest.ingest_path(container, folder, name)
+    seen, sizes, cursor = [], [], None
+    for _ in range(10):
+        page = discovery.list_knowledge_bases(container, limit=3, cursor=cursor)
+        assert (page.total_files, page.total_nodes) == (7, 14)
+        seen += [f"{b.collection}/{b.path}" for b in page.knowledge_bases]
+        sizes.append(len(page.knowledge_bases))
+        if (cursor := page.next_cursor) is None:
+            break
+    assert sizes == [3, 3, 1] and seen == sorted(seen) and len(set(seen)) == 7
+    tasks = discovery.list_knowledge_bases(container, filter_type="task", limit=2)  # grove f1, orchard f1, f3
+    assert len(tasks.knowledge_bases) == 2 and (tasks.total_files, tasks.total_nodes) == (3, 6) and tasks.next_cursor
+    rest = discovery.list_knowledge_bases(container, filter_type="task", limit=2, cursor=tasks.next_cursor)
+    assert rest.next_cursor is None and [b.id for b in tasks.knowledge_bases + rest.knowledge_bases] == [
+        "grove-1", "orchard-1", "orchard-3"]
+    assert discovery.list_knowledge_bases(container).next_cursor is None  # 7 files fit the default page
+    with pytest.raises(QueryError):
+        discovery.list_knowledge_bases(container, limit=0)
+    with pytest.raises(QueryError):
+        discovery.list_knowledge_bases(container, cursor="not-a-cursor")
+
+
 def test_index_follows_reingest(small, tmp_path):
     before = discovery.retrieve_knowledge(small, ["a"]).nodes[0].content
     (tmp_path / "work" / "kb" / "plan.md").write_text(PLAN.replace("about **apples**", "about pears"))

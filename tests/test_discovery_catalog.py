@@ -49,6 +49,8 @@ def test_margins_are_the_gap_to_the_best_other_candidate():
     assert scoring.margins([0.5, 0.7, 0.6]) == pytest.approx([-0.2, 0.1, -0.1])
     assert scoring.margins([0.3]) == pytest.approx([0.3])
     assert scoring.margins([]) == []
+    # Copies of one tool (one group) are not rivals: the leader's gap is to the best candidate of another group.
+    assert scoring.margins([0.7, 0.69, 0.5], ["t", "t", "u"]) == pytest.approx([0.2, 0.19, -0.2])
 
 
 def test_calibrate_reads_keyword_rank_relative_bm25_and_boosts_as_odds():
@@ -80,6 +82,27 @@ def test_runners_up_are_listed_as_skip_and_the_message_abstains():
     recs = ranking.recommendations(ranking.rank(scored, 0.5, 3000)[1], [scored[0].index], 5)
     msg = ranking.message(recs, ranked, 0.5)
     assert "1 should load" in msg and "2 less likely" in msg
+
+
+def _message_for(scores: list[float]) -> str:
+    nodes = {k: _node(k, tokens=60) for k in "abcd"[:len(scores)]}
+    scored = _scored(nodes, {k: (0.3, 0.0) for k in nodes})
+    for s, p in zip(scored, scores):
+        s.score = p
+    ranked, listed = ranking.rank(scored, 0.5, 3000)
+    return ranking.message(ranking.recommendations(listed, [scored[0].index], 5), ranked, 0.5)
+
+
+def test_message_advice_is_true_to_the_bands_listed():
+    """Only 'consider' items (none >= 0.7): the advice names them and their tokens, not "0.7 or more (0 tokens)"."""
+    msg = _message_for([0.62, 0.55, 0.2])
+    assert "2 to consider" in msg and "1 less likely" in msg, msg
+    assert "ids scoring 0.7 or more" not in msg and "about 0 tokens" not in msg, msg
+    assert "about 120 tokens" in msg, msg  # the two consider items, 60 tokens each
+    # With items at 0.7 or more the advice is to load those, and counts only their tokens.
+    msg = _message_for([0.95, 0.75, 0.6])
+    assert "0.7 or more (about 120 tokens)" in msg and "1 to consider" in msg, msg
+    assert "include_children" not in msg  # no item is marked include_children here
 
 
 # -- a real catalog slice ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from datetime import date
 
 from research_agent.text import discovery_terms as terms
 
-__all__ = ["terms", "first_sentence", "parse_date", "count_tokens", "to_plain"]
+__all__ = ["terms", "identifiers", "first_sentence", "parse_date", "count_tokens", "to_plain"]
 
 _PLAIN_RULES = [
     (re.compile(r"^ {0,3}#{1,6}\s*", re.M), ""),
@@ -23,6 +23,30 @@ _PLAIN_RULES = [
     (re.compile(r"`([^`]+)`"), r"\1"),
     (re.compile(r"<!--.*?-->", re.S), ""),
 ]
+
+
+#: A code-like word: snake_case or UPPER_CASE with an inner underscore (`RESERVED_PREFIX`, `node_id`),
+#: camelCase (`discoverContext`), or PascalCase of three or more parts (`RevisionCacheKey`). Two-part
+#: PascalCase is left out: it is mostly brand names ("GitHub", "YouTube", "PubMed"), and a generated file
+#: holding "GitHub" once took a no-match task about GitHub Actions over 0.5 (tests/test_discovery.py salad).
+_IDENTIFIER = re.compile(r"\b(?:[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+|[a-z][a-z0-9]*[A-Z][A-Za-z0-9]*"
+                         r"|[A-Z][a-z0-9]+[A-Z][a-z0-9]+[A-Z][A-Za-z0-9]*)\b")
+#: Identifiers shorter than this ("a_b", "iPad") are too short to name one thing.
+_MIN_IDENTIFIER = 5
+
+
+def identifiers(text: str) -> dict[str, str]:
+    """The code-like words of `text`: lowercased -> as first written; the exact names a task may quote.
+
+    Why: the content-word analyzer splits `RESERVED_PREFIX` into "reserved" and "prefix", two words a code
+    base uses everywhere, so a task naming the identifier found its one defining file no better than any
+    file about prefixes (issue 14, third round). Matching is case-insensitive ("reserved_prefix" names it too).
+    """
+    found: dict[str, str] = {}
+    for m in _IDENTIFIER.findall(text):
+        if len(m) >= _MIN_IDENTIFIER:
+            found.setdefault(m.lower(), m)
+    return found
 
 
 def first_sentence(text: str, header_line: bool = True) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from research_agent.discovery.analysis import count_tokens
-from research_agent.discovery.node_index import Node, NodeIndex, load_indexes
+from research_agent.discovery.node_index import INHERITED, Node, NodeIndex, load_indexes, schema_fields
 from research_agent.errors import CollectionError, DocumentError
 
 if TYPE_CHECKING:
@@ -41,8 +41,7 @@ def read_knowledge_resource(c: Container, collection: str, path: str,
         chunks = sorted((ch for n in subtree for ch in n.chunks), key=lambda ch: ch[0])
         text = "\n\n".join(t for _, t, _ in chunks)
         meta = {"id": node.id, "collection": collection, "path": node.path, "title": node.title,
-                "type": node.eff_type, "status": node.eff_status, "last_checked": node.eff_last_checked,
-                "blocked_by": node.blocked_by, "parent_id": node.parent_id, "tokens": count_tokens(text)}
+                **schema_fields(node, effective=True), "tokens": count_tokens(text)}
         return text, meta
     nodes = [ix.nodes[n] for n in nids]
     chunks = sorted((ch for n in nodes for ch in n.chunks), key=lambda ch: ch[0])
@@ -53,8 +52,8 @@ def read_knowledge_resource(c: Container, collection: str, path: str,
 def _file_metadata(ix: NodeIndex, path: str, nodes: list[Node]) -> dict[str, Any]:
     root = next((n for n in nodes if not n.parent_id or n.parent_id not in ix.nodes), nodes[0])
     return {"id": root.id, "collection": ix.collection, "path": path, "title": root.document_title or root.title,
-            "type": root.eff_type, "status": root.eff_status, "last_checked": root.eff_last_checked,
-            "node_count": len(nodes), "nodes": [n.id for n in nodes]}
+            **schema_fields(root, effective=True, only=INHERITED), "node_count": len(nodes),
+            "nodes": [n.id for n in nodes]}
 
 
 def list_knowledge_resources(c: Container) -> list[dict[str, Any]]:

@@ -91,9 +91,13 @@ class KnowledgeBase(BaseModel):
 
 
 class KnowledgeBaseList(BaseModel):
+    """One page of the catalogue (catalog/common.py `paginate`): total_files is the page's `total`, and like
+    total_nodes counts every match; next_cursor fetches the next page (None on the last)."""
+
     knowledge_bases: list[KnowledgeBase]
     total_files: int
     total_nodes: int
+    next_cursor: str | None = None
 
 
 class DependencyNode(BaseModel):

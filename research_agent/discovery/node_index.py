@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from research_agent.discovery.analysis import count_tokens, first_sentence, parse_date
+from research_agent.discovery.analysis import count_tokens, first_sentence, identifiers, parse_date
 from research_agent.storage.chunks import visible_chunks
 from research_agent.storage.revision_cache import RevisionCache
 from research_agent.text import discovery_terms as terms
@@ -51,6 +51,7 @@ class Node:
     children: list[str] = field(default_factory=list)
     title_terms: frozenset[str] = frozenset()
     terms: frozenset[str] = frozenset()
+    idents: frozenset[str] = frozenset()  # code-like words, lowercased (analysis.identifiers)
     # filled after the tree is known
     eff_type: str | None = None
     eff_status: str | None = None
@@ -85,6 +86,7 @@ class NodeIndex:
     documents: dict[str, list[str]]        # source_document -> node ids in order
     newest_checked: date | None = None
     row_nodes: list[str] = field(default_factory=list)  # matrix row -> node id
+    ident_nodes: dict[str, list[str]] = field(default_factory=dict)  # identifier -> ids of the nodes holding it
 
     def top_dense(self, qvec: Any, n: int) -> list[str]:
         """Ids of the nodes owning the `n` chunks most similar to the (unit) query vector."""
@@ -112,6 +114,20 @@ class NodeIndex:
         return out
 
 
+#: The fields a node inherits from its nearest ancestor (Node.eff_*): type, status and last_checked.
+INHERITED: tuple[str, ...] = tuple(f.name.removeprefix("eff_") for f in fields(Node) if f.name.startswith("eff_"))
+
+
+def schema_fields(node: Node, *, effective: bool = False, only: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The node's schema fields (ingest/nodes.py NodeFields but its id) under their field names: the wire
+    metadata of retrieve_knowledge and of the knowledge:// resources, built here once (issue 13 found the six
+    spelled out in both). effective: the INHERITED three as inherited; only: just these fields."""
+    from research_agent.ingest.nodes import STORED_KEYS
+
+    names = [name for name in STORED_KEYS if name != "id" and (only is None or name in only)]
+    return {name: getattr(node, f"eff_{name}" if effective and name in INHERITED else name) for name in names}
+
+
 #: (store location, Chroma collection id) -> the node index, stamped with the collection's revision.
 _cache: RevisionCache[NodeIndex] = RevisionCache()
 
@@ -130,25 +146,32 @@ def _current_rows(c: Container, collection: str, col: Any) -> list[_Row]:
 
 
 def _new_node(collection: str, nid: str, source: str, meta: dict[str, Any]) -> Node:
+    """A node from its first chunk's metadata, its fields read by the one node schema (ingest/nodes.py)."""
+    from research_agent.ingest.nodes import from_metadata  # lazily: see _group
+
+    nf = from_metadata(meta)
     return Node(
         collection=collection, id=nid, source_document=source,
         document_title=meta.get("document_title", ""), header_path=meta.get("header_path", ""),
-        anchor=meta.get("anchor", ""), type=meta.get("node_type"), status=meta.get("status"),
-        parent_id=meta.get("parent_id"), blocked_by=list(meta.get("blocked_by") or []),
-        last_checked=meta.get("last_checked"), labels=list(meta.get("labels") or []),
-        description=meta.get("node_description")
-        or (meta.get("description", "") if not meta.get("header_path") else ""),
-        explicit_title=meta.get("node_title"),
+        anchor=meta.get("anchor", ""), type=nf.type, status=nf.status, parent_id=nf.parent_id,
+        blocked_by=nf.blocked_by, last_checked=nf.last_checked, labels=nf.labels,
+        description=nf.extra.get("description") or (meta.get("description", "") if not meta.get("header_path") else ""),
+        explicit_title=nf.extra.get("title"),
     )
 
 
 def _group(collection: str, rows: list[_Row]) -> tuple[dict[str, Node], list[str], dict[str, list[str]]]:
-    """Chunks grouped into nodes: (nodes, ids in document order, source document -> ids)."""
+    """Chunks grouped into nodes: (nodes, ids in document order, source document -> ids).
+
+    The node schema is imported here, not at the top: the ingest package's __init__ pulls in the store and
+    its locks (~0.1 s), which importing discovery (the MCP server's start-up) does not need yet."""
+    from research_agent.ingest.nodes import STORED_KEYS
+
     nodes: dict[str, Node] = {}
     order: list[str] = []
     documents: dict[str, list[str]] = {}
     for row_no, (_, seq, source, text, meta, _vec) in enumerate(rows):
-        nid = meta.get("node_id") or f"{source}#{meta.get('anchor', '')}"
+        nid = meta.get(STORED_KEYS["id"]) or f"{source}#{meta.get('anchor', '')}"
         node = nodes.get(nid)
         if node is None:
             node = nodes[nid] = _new_node(collection, nid, source, meta)
@@ -191,6 +214,7 @@ def _link_and_analyse(nodes: dict[str, Node], order: list[str]) -> tuple[Counter
         title_text = " ".join([node.header_path or node.document_title, " ".join(node.labels)])
         node.title_terms = frozenset(terms(title_text))
         node.terms = frozenset(terms(text)) | node.title_terms | frozenset(terms(node.document_title))
+        node.idents = frozenset(identifiers(" ".join((text, node.header_path, node.document_title))))
         df.update(node.terms)
         checked = parse_date(node.last_checked)
         if checked and (newest is None or checked > newest):
@@ -218,7 +242,17 @@ def _build_index(c: Container, collection: str, col: Any) -> NodeIndex:
     for nid in order:
         for r in nodes[nid].rows:
             row_nodes[r] = nid
-    return NodeIndex(collection, nodes, order, matrix, df, blocks, documents, newest, row_nodes)
+    return NodeIndex(collection, nodes, order, matrix, df, blocks, documents, newest, row_nodes,
+                     _ident_postings(nodes, order))
+
+
+def _ident_postings(nodes: dict[str, Node], order: list[str]) -> dict[str, list[str]]:
+    """Identifier -> the nodes holding it, in document order: its document frequency and its candidates."""
+    postings: dict[str, list[str]] = {}
+    for nid in order:
+        for ident in nodes[nid].idents:
+            postings.setdefault(ident, []).append(nid)
+    return postings
 
 
 def ancestors(nodes: dict[str, Node], node: Node) -> list[Node]:

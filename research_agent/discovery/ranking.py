@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from research_agent.discovery import scoring
+from research_agent.discovery.analysis import identifiers
 from research_agent.discovery.boosts import BoostRules, boosts_for
 from research_agent.discovery.models import Recommendation
 from research_agent.discovery.node_index import Node, NodeIndex, ancestors, unit
@@ -62,6 +63,10 @@ COLLAPSE_MIN_SHARE = 0.5
 # means "nothing scores 0.5 or more", and the message says so; 0.05 keeps the nearly hopeless out.
 LIST_FLOOR = 0.05
 MIN_TASK_TERMS = scoring.MIN_TASK_TERMS
+# A code-like word of the task (`RESERVED_PREFIX`) nominates every node holding it when at most this many
+# do: dense and BM25 candidates (40 chunks each) can miss the one file of 1,100 that defines it, and an
+# identifier held by more nodes than this names no single one (its `identifier` weight is under 0.23).
+IDENTIFIER_MAX_HOLDERS = 20
 
 
 @dataclass
@@ -79,6 +84,8 @@ class Scored:
     collapsed: list[str] = field(default_factory=list)
     features: dict[str, float] = field(default_factory=dict)  # the calibration model's row (scoring.py)
     key_word: bool = False  # the node holds the task's rarest content word
+    identifier: float = 0.0  # scoring.identifier_weight of the rarest task identifier the node holds
+    matched_idents: list[str] = field(default_factory=list)  # those identifiers, as the task writes them
     task_terms: list[str] = field(default_factory=list)  # the task's distinct content words
 
 
@@ -109,6 +116,7 @@ def candidates(c: Container, task: str, indexes: list[NodeIndex], qvec: Any, n: 
     product replaces an approximate Chroma query and a second embedding of the task), plus the
     keyword (BM25) candidates of the query engine; a node's keyword rank is that of its best chunk.
     """
+    from research_agent.ingest.nodes import STORED_KEYS
     from research_agent.search.retrieve import retrieve_candidates
 
     t = time.perf_counter()
@@ -116,18 +124,29 @@ def candidates(c: Container, task: str, indexes: list[NodeIndex], qvec: Any, n: 
     for ix in indexes:
         for nid in ix.top_dense(qvec, n):
             _nominate(out.ids, ix, nid)
+    _nominate_identifiers(out.ids, indexes, task)
     timings["dense"] = (time.perf_counter() - t) * 1000
     by_col = {ix.collection: ix for ix in indexes}
     names = [ix.collection for ix in indexes]
     for cand in retrieve_candidates(c, task, names, mode="keyword", n=n, timings=timings):
         ix = by_col.get(cand.metadata.get("collection"))
-        nid = cand.metadata.get("node_id")
+        nid = cand.metadata.get(STORED_KEYS["id"])
         if ix is not None and nid in ix.nodes:
             _nominate(out.ids, ix, nid)
             key = (ix.collection, nid)
             if key not in out.keyword:
                 out.keyword[key] = (len(out.keyword) + 1, float(cand.keyword or 0.0))
     return out
+
+
+def _nominate_identifiers(out: dict[str, set[str]], indexes: list[NodeIndex], task: str) -> None:
+    """Every holder of a task identifier that at most IDENTIFIER_MAX_HOLDERS nodes hold (a dict lookup each)."""
+    for ident in identifiers(task):
+        for ix in indexes:
+            holders = ix.ident_nodes.get(ident, ())
+            if len(holders) <= IDENTIFIER_MAX_HOLDERS:
+                for nid in holders:
+                    _nominate(out, ix, nid)
 
 
 def _nominate(out: dict[str, set[str]], ix: NodeIndex, nid: str | None) -> None:
@@ -150,6 +169,8 @@ class _TaskWords:
     weight: dict[str, float]
     total_weight: float
     surface: dict[str, str]
+    idents: dict[str, float] = field(default_factory=dict)  # task identifier -> scoring.identifier_weight
+    ident_surface: dict[str, str] = field(default_factory=dict)  # task identifier -> as the task writes it
 
 
 def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
@@ -164,7 +185,9 @@ def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
     # One or two content words are thin evidence ("add an endpoint" covers every node that says
     # endpoint): a task shorter than MIN_TASK_TERMS counts as padded with unknown words.
     total_weight = sum(weight.values()) + max(0, MIN_TASK_TERMS - len(qterms)) * math.log(1 + n_total)
-    return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task, terms))
+    written = identifiers(task)
+    idents = {i: scoring.identifier_weight(sum(len(ix.ident_nodes.get(i, ())) for ix in indexes)) for i in written}
+    return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task, terms), idents, written)
 
 
 def score_nodes(c: Container, task: str, indexes: list[NodeIndex], nominated: Nominated,
@@ -193,25 +216,37 @@ def _evidence(ix: NodeIndex, node: Node, q: Any, words: _TaskWords, rules: Boost
     title_cov = sum(words.weight[t] for t in hit_title) / words.total_weight
     surface = words.surface
     key = max(words.terms, key=lambda t: words.weight[t], default=None)
+    named = sorted((i for i in words.idents if i in node.idents and words.idents[i] > 0),
+                   key=lambda i: -words.idents[i])
     return Scored(node, ix, 0.0, dense, coverage, title_cov,
                   [surface.get(t, t) for t in hit_title],
                   [surface.get(t, t) for t in sorted(hit_body, key=lambda t: -words.weight[t])],
-                  rules.factors(node), key_word=key is not None and key in node.terms, task_terms=words.terms)
+                  rules.factors(node), key_word=key is not None and key in node.terms, task_terms=words.terms,
+                  identifier=words.idents[named[0]] if named else 0.0,
+                  matched_idents=[words.ident_surface[i] for i in named])
 
 
 def feature_rows(scored: list[Scored], keyword: dict[tuple[str, str], tuple[int, float]]) -> list[dict[str, float]]:
     """The model's feature row (scoring.FEATURES) of each candidate; set-level features read all of them."""
-    margins = scoring.margins([s.dense for s in scored])
+    margins = scoring.margins([s.dense for s in scored], [_copy_key(s) for s in scored])
     top_bm25 = max((bm for _, bm in keyword.values()), default=0.0)
     rows = []
     for s, margin in zip(scored, margins):
         rank, bm25 = keyword.get((s.index.collection, s.node.id), (0, 0.0))
-        rows.append({"dense": s.dense, "dense_margin": margin, "coverage": s.coverage,
+        rows.append({"dense": s.dense, "dense_sq": s.dense ** 2, "dense_margin": margin, "coverage": s.coverage,
                      "title_coverage": s.title_coverage, "kw_rr": 1.0 / rank if rank else 0.0,
                      "kw_rel": bm25 / top_bm25 if top_bm25 > 0 else 0.0,
                      "parent": 1.0 if s.node.children else 0.0, "key_word": 1.0 if s.key_word else 0.0,
-                     "thin_task": scoring.thin_task(len(s.task_terms)), "breadth": scoring.breadth(len(s.node.terms))})
+                     "thin_task": scoring.thin_task(len(s.task_terms)), "breadth": scoring.breadth(len(s.node.terms)),
+                     "identifier": s.identifier})
     return rows
+
+
+def _copy_key(s: Scored) -> str:
+    """Candidates with one key are copies of one thing (scoring.margins): leaf sections with the same title."""
+    if s.node.children:
+        return f"{s.index.collection}:{s.node.id}"
+    return "title:" + "".join(ch for ch in s.node.title.lower() if ch.isalnum())
 
 
 def calibrate(scored: list[Scored], keyword: dict[tuple[str, str], tuple[int, float]]) -> None:
@@ -318,6 +353,8 @@ def rank(scored: list[Scored], min_score: float, collapse_max_tokens: int) -> tu
 def reason(s: Scored) -> str:
     """Why the node is recommended, from what matched: title/body words, cosine, location, boosts."""
     parts: list[str] = []
+    if s.matched_idents:
+        parts.append("names " + ", ".join(f"'{w}'" for w in s.matched_idents[:3]))
     if s.collapsed:
         parts.append(
             f"{len(s.collapsed)} matching sections ({', '.join(s.collapsed[:3])}); retrieve with include_children"
@@ -381,6 +418,21 @@ def message(recs: list[Recommendation], scored: list[Scored], min_score: float) 
                                                    ("consider", "to consider (0.5-0.7)")) if bands[k]]
     if len(recs) > len(above):
         said.append(f"{len(recs) - len(above)} less likely (skip, < {min_score:g})")
-    tokens = sum(r.estimated_tokens for r in above if r.priority not in ("consider", "skip"))
-    return (f"{', '.join(said)}. Call retrieve_knowledge with the ids scoring 0.7 or more "
-            f"(about {tokens} tokens); pass include_children=true for recommendations marked include_children.")
+    return f"{', '.join(said)}. {_advice(above)}"
+
+
+def _advice(above: list[Recommendation]) -> str:
+    """Which ids to retrieve, true to the bands listed: those at 0.7 or more, else the 'consider' ones.
+
+    Why: with only 'consider' items the advice used to say "the ids scoring 0.7 or more (about 0 tokens)",
+    naming none of the ids listed.
+    """
+    children = ("; pass include_children=true for recommendations marked include_children."
+                if any(r.include_children for r in above) else ".")
+    sure = [r for r in above if r.relevance_score >= SHOULD_LOAD]
+    if sure:
+        tokens = sum(r.estimated_tokens for r in sure)
+        return f"Call retrieve_knowledge with the ids scoring 0.7 or more (about {tokens} tokens){children}"
+    tokens = sum(r.estimated_tokens for r in above)
+    return (f"None is likely enough to load unread: read their reasons, then call retrieve_knowledge with the "
+            f"'consider' ids that fit the task (about {tokens} tokens for all){children}")

@@ -6,8 +6,13 @@ while 30 % of answers were right, expected calibration error 0.47) and its fixed
 every answer (issue 14). The evidence per candidate node is cheap and mostly scale-free:
 
 - `dense`: the best cosine between the task and the node's chunks (MiniLM);
+- `dense_sq`: `dense` squared: the evidence of a cosine grows faster than linearly (MiniLM: 0.7 is far more
+  telling over 0.5 than 0.5 is over 0.3); with it ToolGym dev tasks keeping a recommendation >= 0.5 went
+  0.50 -> 0.54 in the fit, the no-match ones staying at none (issue 14, third round);
 - `dense_margin`: `dense` minus the best cosine among the *other* candidates (the gap to the next
-  candidates: positive only for the clear leader, negative for the runners-up);
+  candidates: positive only for the clear leader, negative for the runners-up). Copies of one tool (leaf
+  sections with the same title: a catalog lists one tool under a dozen servers) are not rivals, so the gap
+  is to the best candidate with another title (ToolGym dev, fit: real tasks with a leader >= 0.5 0.46 -> 0.50);
 - `coverage` / `title_coverage`: the IDF-weighted share of the task's content words in the node's text
   / in its title and header path (shares of the task, so they do not grow with the knowledge base);
 - `kw_rr`: 1 / the node's rank in the keyword (BM25) candidates, 0 when BM25 did not nominate it;
@@ -26,6 +31,14 @@ every answer (issue 14). The evidence per candidate node is cheap and mostly sca
   coverage rewards *containing* the task's words, and a node that contains every word says little about
   any (a word-salad file reached 0.5 on 7 of 10 no-match tasks without it, issue 14).
 
+- `identifier` (a fixed prior, not fitted): 1 / sqrt(df) of the rarest code-like word of the task
+  (`RESERVED_PREFIX`, `discoverContext`; analysis.identifiers) that the node holds verbatim, df being the
+  number of nodes holding it (one holder: 1, three: 0.58, a hundred: 0.1). Why fixed: no ToolGym or golden
+  task names an identifier, so the fit cannot see it, and the refit that made the catalog work weighed BM25
+  (the only evidence that kept the whole token) down: "debug RESERVED_PREFIX validation" fell from 0.88 to
+  0.67 on our own docs and code, and an identifier in one file of 1,100 left the top 10 (issue 14, third
+  round). IDENTIFIER_COEF logits for a single holder make it the leader on that evidence alone.
+
 A logistic model over them gives the probability; boosts (boosts.py) then multiply its odds, as before.
 The coefficients below were fitted by benchmarks/fit_discovery.py on the *dev* tasks of the ToolGym
 catalog (benchmarks/toolgym_tasks.jsonl) plus the curated golden set (tests/fixtures/knowledge), each set
@@ -37,26 +50,31 @@ from __future__ import annotations
 
 import math
 
-FEATURES = ("dense", "dense_margin", "coverage", "title_coverage", "kw_rr", "kw_rel", "parent", "key_word",
+FEATURES = ("dense", "dense_sq", "dense_margin", "coverage", "title_coverage", "kw_rr", "kw_rel", "parent", "key_word",
             "thin_task", "breadth")
 #: A task with fewer content words than this counts as padded with unknown words (thin_task).
 MIN_TASK_TERMS = 3
 #: The distinct-word count at which breadth is 0.5 (a long curated section; tool sections have 10-40).
 BREADTH_HALF = 300
 
+#: Log-odds added per unit of the `identifier` feature (a prior, see the module docstring): a node that is the
+#: only holder of an identifier the task names gets odds x20 (0.2 -> 0.83); one of a hundred holders x1.35.
+IDENTIFIER_COEF = 3.0
+
 # -- fitted by benchmarks/fit_discovery.py (see the module docstring) ---------------------------------------
-INTERCEPT = -4.299
+INTERCEPT = -4.258
 COEF = {
-    "dense": 5.667,
-    "dense_margin": 4.205,
-    "coverage": 0.408,
-    "title_coverage": -0.665,
-    "kw_rr": 0.716,
-    "kw_rel": 0.752,
-    "parent": -1.016,
-    "key_word": 0.699,
-    "thin_task": -2.054,
-    "breadth": -0.482,
+    "dense": 4.865,
+    "dense_sq": 1.929,
+    "dense_margin": 4.230,
+    "coverage": 0.225,
+    "title_coverage": -0.843,
+    "kw_rr": 0.708,
+    "kw_rel": 0.748,
+    "parent": -1.007,
+    "key_word": 0.734,
+    "thin_task": -2.023,
+    "breadth": -0.361,
 }
 # -- end of fitted block ---------------------------------------------------------------------------------------
 
@@ -66,8 +84,18 @@ _Z_LIMIT = 50.0
 
 def logit(row: dict[str, float]) -> float:
     """The model's log-odds for one candidate's feature row (missing features count as 0)."""
-    z = INTERCEPT + sum(COEF[name] * float(row.get(name, 0.0)) for name in FEATURES)
+    z = INTERCEPT + sum(COEF[name] * float(row.get(name, 0.0)) for name in FEATURES) + prior(row)
     return max(-_Z_LIMIT, min(_Z_LIMIT, z))
+
+
+def prior(row: dict[str, float]) -> float:
+    """The log-odds of the evidence the fit cannot see (the `identifier` feature); the fit takes it as an offset."""
+    return IDENTIFIER_COEF * float(row.get("identifier", 0.0))
+
+
+def identifier_weight(df: int) -> float:
+    """How surely an identifier held by `df` nodes names the node: 1 / sqrt(df), 0 when no node holds it."""
+    return 1.0 / math.sqrt(df) if df > 0 else 0.0
 
 
 def sigmoid(z: float) -> float:
@@ -85,11 +113,18 @@ def breadth(n_terms: int) -> float:
     return n_terms / (n_terms + BREADTH_HALF)
 
 
-def margins(dense: list[float]) -> list[float]:
-    """Each value minus the best of the others (the leader's gap to the runner-up is positive)."""
+def margins(dense: list[float], groups: list[str] | None = None) -> list[float]:
+    """Each value minus the best of the others outside its group (the leader's gap to the runner-up is positive).
+
+    `groups` (one key per value, default: each its own) names copies of one thing: a catalog lists the same
+    tool under several servers (ToolGym: a dozen "sequentialthinking" and weather servers), and a copy is not
+    a rival, so the gap is measured to the best candidate that is something else.
+    """
     if not dense:
         return []
-    order = sorted(range(len(dense)), key=lambda i: -dense[i])
-    first = dense[order[0]]
-    second = dense[order[1]] if len(order) > 1 else 0.0
-    return [d - (second if i == order[0] else first) for i, d in enumerate(dense)]
+    keys = groups if groups is not None else [str(i) for i in range(len(dense))]
+    best: dict[str, float] = {}
+    for k, d in zip(keys, dense):
+        best[k] = max(best.get(k, d), d)
+    top = sorted(best.items(), key=lambda kv: -kv[1])[:2]
+    return [d - next((v for k, v in top if k != key), 0.0) for d, key in zip(dense, keys)]

@@ -30,7 +30,15 @@ from research_agent.discovery.models import (
     RetrievalResult,
     Section,
 )
-from research_agent.discovery.node_index import Node, NodeIndex, load_indexes, node_index, resolve_id, unit
+from research_agent.discovery.node_index import (
+    Node,
+    NodeIndex,
+    load_indexes,
+    node_index,
+    resolve_id,
+    schema_fields,
+    unit,
+)
 from research_agent.errors import CollectionError, DocumentError, QueryError
 from research_agent.storage.registry import project_key
 
@@ -98,11 +106,9 @@ def discover_context(c: Container, task_description: str, *, task_type: str | No
 
 # -- retrieve_knowledge --------------------------------------------------------------------------------
 def _metadata(node: Node) -> dict[str, Any]:
-    return {"type": node.type, "status": node.status, "parent_id": node.parent_id, "blocked_by": node.blocked_by,
-            "last_checked": node.last_checked, "labels": node.labels, "header_path": node.header_path,
-            "source_document": node.source_document, "document_title": node.document_title,
-            "anchor": node.anchor, "description": node.description, "children": list(node.children),
-            "effective_type": node.eff_type, "effective_status": node.eff_status}
+    return {**schema_fields(node), "header_path": node.header_path, "source_document": node.source_document,
+            "document_title": node.document_title, "anchor": node.anchor, "description": node.description,
+            "children": list(node.children), "effective_type": node.eff_type, "effective_status": node.eff_status}
 
 
 def _render(index: NodeIndex, node: Node, fmt: str, include_children: bool) -> KnowledgeNode:
@@ -191,16 +197,13 @@ def _knowledge_base(ix: NodeIndex, source: str, all_nodes: list[Node], nodes: li
     )
 
 
-def list_knowledge_bases(c: Container, *, filter_type: str | None = None, filter_status: str | None = None,
-                         collections: list[str] | None = None) -> KnowledgeBaseList:
-    """The catalogue of ingested files with their nodes (filters match a node's own or inherited type/status)."""
-    try:
-        indexes = load_indexes(c, collections)
-    except CollectionError:
-        if collections:
-            raise
-        return KnowledgeBaseList(knowledge_bases=[], total_files=0, total_nodes=0)
-    bases: list[KnowledgeBase] = []
+#: (index, file, all its nodes, the nodes the filters keep): a catalogue entry before it is viewed.
+_Match = tuple[NodeIndex, str, list[Node], list[Node]]
+
+
+def _matches(indexes: list[NodeIndex], filter_type: str | None, filter_status: str | None) -> list[_Match]:
+    """Every file with a node the filters keep (a node's own or inherited type/status, case-insensitive)."""
+    out: list[_Match] = []
     for ix in indexes:
         for source, nids in ix.documents.items():
             all_nodes = [ix.nodes[n] for n in nids]
@@ -208,9 +211,29 @@ def list_knowledge_bases(c: Container, *, filter_type: str | None = None, filter
                      if (not filter_type or (n.eff_type or "").lower() == filter_type.lower())
                      and (not filter_status or (n.eff_status or "").lower() == filter_status.lower())]
             if nodes:
-                bases.append(_knowledge_base(ix, source, all_nodes, nodes))
-    return KnowledgeBaseList(knowledge_bases=bases, total_files=len(bases),
-                             total_nodes=sum(b.node_count for b in bases))
+                out.append((ix, source, all_nodes, nodes))
+    return out
+
+
+def list_knowledge_bases(c: Container, *, filter_type: str | None = None, filter_status: str | None = None,
+                         collections: list[str] | None = None, limit: int | None = None,
+                         cursor: str | None = None) -> KnowledgeBaseList:
+    """One page of the catalogue of ingested files with their nodes, in collection/path order, paged by the
+    catalog's one paging rule (catalog/common.py `paginate`: DEFAULT_PAGE files or 24 KB by default); the
+    totals count every match. Unpaged, one call returned 719 KB on a 334-file store (issue 15)."""
+    from research_agent.catalog.common import paginate
+
+    try:
+        indexes = load_indexes(c, collections)
+    except CollectionError:
+        if collections:
+            raise
+        indexes = []
+    matches = _matches(indexes, filter_type, filter_status)
+    shown, page = paginate(matches, lambda m: f"{m[0].collection}/{m[1]}", "knowledge_bases",
+                           lambda m: _knowledge_base(*m), limit=limit, cursor=cursor)
+    return KnowledgeBaseList(knowledge_bases=shown, total_files=page.total,
+                             total_nodes=sum(len(m[3]) for m in matches), next_cursor=page.next_cursor)
 
 
 # -- search_knowledge ---------------------------------------------------------------------------------
