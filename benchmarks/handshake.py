@@ -30,17 +30,25 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def _read_response(proc: subprocess.Popen, request_id: int) -> dict:
+def _read_response(proc: subprocess.Popen, request_id: int) -> tuple[dict, int]:
+    """The response to `request_id` and its size on the wire in bytes."""
     while True:
         line = proc.stdout.readline()
         if not line:
             raise RuntimeError(f"server exited: {proc.stderr.read().decode(errors='replace')[-2000:]}")
         message = json.loads(line)
         if message.get("id") == request_id:
-            return message
+            return message, len(line.rstrip(b"\n"))
 
 
-def one_spawn(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+def _context_bytes(tools: list[dict]) -> int:
+    """What a model carries of tools/list: each tool's name, description and input schema (a model API's tool
+    definition has only these; output schemas and annotations stay with the client)."""
+    kept = [{k: t[k] for k in ("name", "description", "inputSchema") if k in t} for t in tools]
+    return len(json.dumps(kept, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def one_spawn(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, int, int]:
     started = time.perf_counter()
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
@@ -54,7 +62,7 @@ def one_spawn(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float
         proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n'
                          b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}\n')
         proc.stdin.flush()
-        _read_response(proc, 2)
+        tools, size = _read_response(proc, 2)
         listed = time.perf_counter() - started
     finally:
         proc.stdin.close()
@@ -63,7 +71,7 @@ def one_spawn(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    return initialized, listed
+    return initialized, listed, size, _context_bytes(tools["result"]["tools"])
 
 
 def bare(code: str, runs: int) -> float:
@@ -94,6 +102,8 @@ def main() -> None:
         "initialize_median_s": round(statistics.median(r[0] for r in runs), 3),
         "initialize_min_s": round(min(r[0] for r in runs), 3),
         "tools_list_median_s": round(statistics.median(r[1] for r in runs), 3),
+        "tools_list_bytes": runs[-1][2],
+        "tools_list_context_bytes": runs[-1][3],
         "python_startup_median_s": round(bare("pass", 5), 3),
         "import_mcp_types_median_s": round(bare("import mcp.types", 5), 3),
         "import_fastmcp_median_s": round(bare("import fastmcp", 5), 3),

@@ -35,13 +35,20 @@ def _hints(annotations: dict[str, Any]) -> str:
     return ", ".join(marks)
 
 
+def _returns(schema: dict[str, Any]) -> str:
+    """The top-level fields of the tool's output schema (one list per kind of answer of a combined tool)."""
+    shapes = schema.get("anyOf") or [schema]
+    return "; or ".join(", ".join(f"`{name}`" for name in shape.get("properties") or {}) for shape in shapes)
+
+
 def _tool(tool: dict[str, Any]) -> list[str]:
     from research_agent.mcp.errors import argument_kind
+    from research_agent.mcp.params import ALIASES
 
     schema = tool.get("inputSchema") or {}
     required = set(schema.get("required") or [])
-    lines = [f"### `{tool['name']}`", "", f"*{tool['annotations']['title']}* ({_hints(tool['annotations'])}). "
-             + tool["description"], ""]
+    lines = [f"### `{tool['name']}`", "", f"*{tool['title']}* ({_hints(tool['annotations'])}). " + tool["description"],
+             "", f"Returns: {_returns(tool.get('outputSchema') or {})}.", ""]
     props = schema.get("properties") or {}
     if not props:
         return lines + ["No arguments.", ""]
@@ -49,8 +56,9 @@ def _tool(tool: dict[str, Any]) -> list[str]:
     for name, spec in props.items():
         default = ("required" if name in required else "—" if spec.get("default") is None
                    else f"`{json.dumps(spec['default'])}`")
+        also = f" Also accepted as {', '.join(f'`{a}`' for a in ALIASES[name])}." if name in ALIASES else ""
         lines.append(f"| `{name}` | {_cell(argument_kind(spec))} | {_cell(default)} | "
-                     f"{_cell(spec.get('description', ''))} |")
+                     f"{_cell(spec.get('description', '') + also)} |")
     return lines + [""]
 
 
@@ -87,7 +95,7 @@ def render() -> str:
 
         surface = anyio.run(live_surface)
     lines = [BEGIN, "", f"### Tools ({len(surface['tools'])})", ""]
-    lines += [f"- [`{t['name']}`](#{t['name']}): {t['annotations']['title']}" for t in surface["tools"]] + [""]
+    lines += [f"- [`{t['name']}`](#{t['name']}): {t['title']}" for t in surface["tools"]] + [""]
     for tool in surface["tools"]:
         lines += _tool(tool)
     lines += _resources(surface["resources"], surface["resource_templates"]) + _prompts(surface["prompts"])

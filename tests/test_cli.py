@@ -110,7 +110,7 @@ def test_query_human_output_shows_rank_source_header_and_warning(_cli_kb):
     result = cli("--store", _cli_kb["store"], "query", "install on Linux", "--mode", "semantic", "--top-k", "2")
     assert result.exit_code == 0, result.output
     assert "1." in result.stdout and "guide_install.md" in result.stdout and "Install" in result.stdout
-    assert "Warning" in result.stdout
+    assert "Warning" in result.stderr and "Warning" not in result.stdout  # warnings never on stdout
 
 
 def test_query_keyword_mode_no_rerank_with_context_file(_cli_kb, tmp_path):
@@ -174,7 +174,7 @@ def test_projects_lifecycle_json():
     assert [p["name"] for p in cli_json("projects", "list")["projects"]] == ["web"]
     assert cli_json("projects", "info", "web")["description"] == "site"
     assert cli_json("projects", "delete", "web", "--yes")["kind"] == "project"
-    assert cli_json("projects", "list") == {"projects": []}
+    assert cli_json("projects", "list") == {"projects": [], "total": 0, "next_cursor": None}
 
 
 def test_human_output_for_lists_and_info():
@@ -368,10 +368,10 @@ def test_delete_asks_for_confirmation_without_json():
 # -- serve, help, docs, startup cost --------------------------------------------------------------------
 
 def test_serve_passes_global_options_to_mcp_server(monkeypatch, tmp_path):
-    import mcp_server
+    from research_agent.mcp import app as mcp_app
 
     calls = []
-    monkeypatch.setattr(mcp_server, "run", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setattr(mcp_app, "run", lambda **kwargs: calls.append(kwargs))
     config = tmp_path / "c.yaml"
     result = cli("--store", tmp_path / "s", "--config", config, "-v", "serve", "--transport", "http", "--port", "9001")
     assert result.exit_code == 0, result.output

@@ -145,7 +145,8 @@ def test_api_key_header_auth(tmp_path):
         async def flow(session: Any) -> Any:
             return (await session.call_tool("manage_collections", {"action": "list"})).structured_content
 
-        assert anyio.run(_sdk_session, url, {"X-API-Key": TOKEN}, flow) == {"collections": []}
+        assert anyio.run(_sdk_session, url, {"X-API-Key": TOKEN}, flow) == {"collections": [], "total": 0,
+                                                                            "next_cursor": None}
 
 
 def test_no_auth_is_served_on_loopback(tmp_path):
@@ -159,6 +160,46 @@ def test_no_auth_is_served_on_loopback(tmp_path):
 
         error = anyio.run(_sdk_session, url, None, flow)
         assert error.code == -32002 and error.data["type"] == "CollectionError"
+
+
+def test_an_idle_server_is_healthy_and_names_its_store_kind(tmp_path):
+    """Issue 15: with the warm-up on, /health said "starting" (and no store_kind) until a client connected."""
+    with http_server(tmp_path, warmup="true") as url:
+        health = httpx.get(f"{url}/health", timeout=60).json()
+    assert health["status"] == "ok" and health["store_reachable"] is True, health
+    assert health["store_kind"] == "embedded"
+
+
+@pytest.mark.slow
+def test_calls_that_need_no_model_do_not_wait_for_the_model_warm_up(tmp_path, tiny_cross_encoder):
+    """Lists, status and a service's validation error answer while the real models (embedder, then a torch
+    cross-encoder) are still warming up (the warm-up state they see is not "done"); a query waits for them.
+    Issue 15: first calls waited 11-28 s."""
+    from mcp.shared.exceptions import MCPError
+
+    with http_server(tmp_path, warmup="true", reranker_model=str(tiny_cross_encoder)) as url:
+        async def flow(session: Any) -> dict[str, Any]:
+            await session.list_tools()  # starts the warm-up at once
+            seen = {}
+            listed = await session.call_tool("manage_collections", {"action": "list"})
+            seen["list"] = listed.structured_content
+            with pytest.raises(MCPError) as info:
+                await session.call_tool("manage_documents", {"action": "list", "collection": "no-such-one"})
+            seen["error"] = info.value
+            seen["status"] = (await session.call_tool("get_status", {})).structured_content
+            seen["health"] = httpx.get(f"{url}/health", timeout=60).json()
+            await session.call_tool("manage_collections", {"action": "create", "collection_name": "warm"})
+            found = await session.call_tool("query_knowledge_base", {"query": "anything", "collections": ["warm"]})
+            seen["query"] = found.structured_content
+            seen["after"] = (await session.call_tool("get_status", {})).structured_content
+            return seen
+
+        seen = anyio.run(_sdk_session, url, None, flow)
+    assert seen["list"]["collections"] == [] and seen["error"].code == -32002
+    assert seen["status"]["warmup"] in ("pending", "running"), seen["status"]  # it did not wait for the model
+    assert seen["health"]["status"] == "ok" and seen["health"]["store_kind"] == "embedded"
+    assert seen["query"]["results"] == [] and seen["after"]["warmup"] == "done"
+    assert seen["after"]["embedding_loaded"] is True
 
 
 @pytest.mark.parametrize("settings, needle", [

@@ -297,3 +297,19 @@ def test_real_models_warm_up_after_the_handshake_and_other_processes_writes_are_
             s.proc.wait()
     for line in s.lines:  # model loading printed nothing on stdout: every line is JSON-RPC
         assert json.loads(line)["jsonrpc"] == "2.0", line
+
+
+def test_on_the_wire_errors_carry_mcp_guidance_in_the_message_and_text_keeps_its_heading(_mcp_session):
+    """Issue 15, over real stdio: some clients show only an error's message, so the guidance is in it too, naming
+    the MCP tool call (never a `research-agent` command); a created collection's text is not headed "Projects"."""
+    s = _mcp_session
+    _initialize(s)
+    created = s.request(2, "tools/call", {"name": "manage_collections",
+                                          "arguments": {"action": "create", "collection_name": "wire-text"}})
+    text = created["result"]["content"][0]["text"]
+    assert text.startswith("## Manage collections") and "Projects (" not in text, text
+    missing = s.request(3, "tools/call", {"name": "manage_collections",
+                                          "arguments": {"action": "info", "collection_name": "no-such"}})
+    error = missing["error"]
+    assert error["code"] == -32002 and error["data"]["guidance"] in error["message"], error
+    assert 'manage_collections(action="list")' in error["message"] and "research-agent " not in error["message"]

@@ -209,7 +209,7 @@ def test_an_initialize_flood_cannot_lock_out_new_clients(tmp_path):
         async def flow(session: Any) -> Any:
             return (await session.call_tool("manage_collections", {"action": "list"})).structured_content
 
-        assert anyio.run(_sdk_session, url, None, flow) == {"collections": []}
+        assert anyio.run(_sdk_session, url, None, flow) == {"collections": [], "total": 0, "next_cursor": None}
 
 
 def _open_event_stream(port: int, session_id: str) -> socket.socket:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from research_agent.catalog import projects
-from research_agent.catalog.common import Deleted, now_iso
+from research_agent.catalog.common import Deleted, now_iso, paginate
 from research_agent.errors import CollectionError
 
 if TYPE_CHECKING:
@@ -34,7 +34,11 @@ class CollectionInfo(BaseModel):
 
 
 class CollectionList(BaseModel):
+    """One page of collections in name order (catalog/common.py `paginate`)."""
+
     collections: list[CollectionInfo]
+    total: int
+    next_cursor: str | None = None
 
 
 def open_collection(c: Container, name: str, *, check_model: bool = True) -> Any:
@@ -108,16 +112,25 @@ def create_collection(c: Container, name: str, type: str = "project-specific", d
     return get_collection_info(c, name)
 
 
-def list_collections(c: Container, type: str | None = None, project: str | None = None) -> CollectionList:
+def list_collections(c: Container, type: str | None = None, project: str | None = None, *,
+                     limit: int | None = None, cursor: str | None = None) -> CollectionList:
+    """One page (DEFAULT_PAGE by default) of the collections, by name; filters apply before paging.
+
+    Counting a collection's documents reads its manifests, so only the page's collections are counted (the
+    filters need only the collection's metadata and the project links).
+    """
     if type:
         _check_type(type)
     c.store.refresh()
     links = _project_links(c)
     if project:
         projects.require_project(c, project)
-    infos = [_info(c, col, links) for col in c.store.list_collections()]
-    infos = [i for i in infos if (not type or i.type == type) and (not project or project in i.projects)]
-    return CollectionList(collections=infos)
+    cols = [col for col in c.store.list_collections()
+            if (not type or (col.metadata or {}).get("type", "project-specific") == type)
+            and (not project or project in links.get(col.name, []))]
+    shown, page = paginate(cols, lambda col: col.name, "collections", lambda col: _info(c, col, links),
+                           limit=limit, cursor=cursor)
+    return CollectionList(collections=shown, **page.model_dump())
 
 
 def get_collection_info(c: Container, name: str) -> CollectionInfo:

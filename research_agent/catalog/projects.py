@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from research_agent.catalog.common import Deleted, now_iso
+from research_agent.catalog.common import Deleted, now_iso, paginate
 from research_agent.errors import CollectionError
 from research_agent.storage.registry import project_key
 from research_agent.storage.store import validate_name
@@ -24,7 +24,11 @@ class ProjectInfo(BaseModel):
 
 
 class ProjectList(BaseModel):
+    """One page of projects in name order (catalog/common.py `paginate`)."""
+
     projects: list[ProjectInfo]
+    total: int
+    next_cursor: str | None = None
 
 
 def require_project(c: Container, name: str) -> dict[str, Any]:
@@ -59,10 +63,12 @@ def create_project(c: Container, name: str, description: str = "") -> ProjectInf
                          "default_collections": [], "created_at": now_iso()})
 
 
-def list_projects(c: Container) -> ProjectList:
+def list_projects(c: Container, *, limit: int | None = None, cursor: str | None = None) -> ProjectList:
+    """One page (DEFAULT_PAGE by default) of the projects, by name."""
     c.store.refresh()
-    recs = sorted(c.store.registry_find("project").values(), key=lambda r: r["name"])
-    return ProjectList(projects=[ProjectInfo(**r) for r in recs])
+    shown, page = paginate(list(c.store.registry_find("project").values()), lambda r: r["name"], "projects",
+                           lambda r: ProjectInfo(**r), limit=limit, cursor=cursor)
+    return ProjectList(projects=shown, **page.model_dump())
 
 
 def get_project_info(c: Container, name: str) -> ProjectInfo:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import typer
 
@@ -12,22 +12,52 @@ from research_agent.cli.state import get_state
 app = typer.Typer(help="Create, list, inspect and delete collections.", no_args_is_help=True)
 
 CollectionType = Literal["fundamental", "project-specific"]
+# Paging of every list command (catalog/common.py paginate: keyset cursors, 100 a page by default).
+LIMIT = typer.Option(None, "--limit", min=1, help="Show at most this many (default 100).")
+CURSOR = typer.Option(None, "--cursor", help="Continue after the page that printed this cursor.")
 
 
 @app.command("create")
-def create(
+def create_command(
     ctx: typer.Context,
     name: str = typer.Argument(..., metavar="NAME", help="Collection name (3-512 of a-z A-Z 0-9 . _ -)."),
     type: CollectionType = typer.Option("project-specific", "--type", help="Collection type."),
     project: Optional[str] = typer.Option(None, "--project", help="Link the new collection to this project."),
     description: str = typer.Option("", "--description", help="What the collection holds."),
+    exist_ok: bool = typer.Option(False, "--exist-ok", help="If it exists already, show it (unchanged) instead "
+                                                            "of failing."),
 ) -> None:
-    """Create a collection."""
-    from research_agent.catalog.collections import create_collection
+    """Create a collection.
 
+    Examples:
+
+      research-agent collections create ops-docs --type fundamental --description "Runbooks"
+
+      research-agent collections create api-docs --project web --exist-ok
+    """
     state = get_state(ctx)
-    info = create_collection(state.container(), name, type=type, description=description, project=project)
+    info = create(state.container(), name, type=type, description=description, project=project,
+                  exist_ok=exist_ok)
     render.emit(state, info, render.collection_info)
+
+
+def create(c: Any, name: str, *, type: str, description: str = "", project: str | None = None,
+           exist_ok: bool = False) -> Any:
+    """Create the collection; with exist_ok an existing one is returned as it is (a CI job's idempotent step).
+    Create first and look up on failure, so a job racing another one still succeeds."""
+    from research_agent.catalog.collections import create_collection, get_collection_info
+    from research_agent.errors import CollectionError
+
+    try:
+        return create_collection(c, name, type=type, description=description, project=project)
+    except CollectionError:
+        if not exist_ok:
+            raise
+        try:
+            return get_collection_info(c, name)
+        except CollectionError:
+            pass  # not there after all (an invalid name, say): the creation error is the one that explains it
+        raise
 
 
 @app.command("list")
@@ -35,12 +65,22 @@ def list_(
     ctx: typer.Context,
     type: Optional[CollectionType] = typer.Option(None, "--type", help="Only collections of this type."),
     project: Optional[str] = typer.Option(None, "--project", help="Only collections linked to this project."),
+    limit: Optional[int] = LIMIT,
+    cursor: Optional[str] = CURSOR,
 ) -> None:
-    """List collections."""
+    """List collections.
+
+    Examples:
+
+      research-agent collections list --type fundamental
+
+      research-agent collections list --json | jq -r '.collections[].name'
+    """
     from research_agent.catalog.collections import list_collections
 
     state = get_state(ctx)
-    render.emit(state, state.read(list_collections, type=type, project=project), render.collection_list)
+    result = state.read(list_collections, type=type, project=project, limit=limit, cursor=cursor)
+    render.emit(state, result, render.paged(render.collection_list, "collections"))
 
 
 @app.command("info")

@@ -21,13 +21,20 @@ def discover(
     current_file: Optional[str] = typer.Option(
         None, "--current-file", metavar="F", help="The file you are working on (ranks nearby knowledge up)."
     ),
-    max_results: int = typer.Option(5, "--max-results", help="How many recommendations at most."),
+    max_results: int = typer.Option(5, "--max-results", min=1, help="How many recommendations at most."),
     collections: Optional[str] = typer.Option(
         None, "--collections", metavar="A,B", help="Comma-separated collections (default: all)."
     ),
     project: Optional[str] = typer.Option(None, "--project", help="Use this project's default collections."),
 ) -> None:
-    """Recommend the knowledge to read before a task, with scores, reasons and token estimates."""
+    """Recommend the knowledge to read before a task, with scores, reasons and token estimates.
+
+    Examples:
+
+      research-agent discover "Add cursor pagination to the orders endpoint" --task-type implement
+
+      research-agent --json discover "Fix the flaky login test" --current-file tests/test_login.py
+    """
     from research_agent.discovery import discover_context
 
     if collections is not None and project is not None:
@@ -101,8 +108,14 @@ def _retrieval(console: Console, r: Any) -> None:
 def _graph(console: Console, g: Any) -> None:
     console.print(f"[bold]{escape(g.node.id)}[/bold] {escape(g.node.title)} ({escape(g.direction)}, depth {g.depth}"
                   f"{', capped' if g.depth_capped else ''})")
+    titles = {n.id: n.title for n in g.nodes}
+
+    def named(node_id: str) -> str:  # ids alone said little to a person: "a.b.c (Release a hotfix)"
+        title = titles.get(node_id)
+        return escape(node_id) + (f" [dim]({escape(title)})[/dim]" if title else "")
+
     for e in g.edges:
-        console.print(f"  {escape(e.source)} --{e.kind}--> {escape(e.target)}")
+        console.print(f"  {named(e.source)} --{e.kind}--> {named(e.target)}")
     if not g.edges:
         console.print("  no dependencies")
     for cycle in g.cycles:

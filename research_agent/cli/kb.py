@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from research_agent.cli import render
+from research_agent.cli.collections import CURSOR, LIMIT, CollectionType, create as create_collection
 from research_agent.cli.state import get_state
 
 app = typer.Typer(help="Add, list, remove and reindex the documents in a collection.", no_args_is_help=True)
@@ -52,17 +55,43 @@ def add_folder(
     ),
     prune: bool = typer.Option(False, "--prune", help="Remove documents whose files are gone from the folder."),
     strict: bool = typer.Option(False, "--strict", help="Fail (exit 5) if any file is skipped or fails."),
+    create: bool = typer.Option(False, "--create", help="Create the collection if it does not exist."),
+    type: CollectionType = typer.Option("project-specific", "--type", help="With --create: the new collection's type."),
+    description: str = typer.Option("", "--description", help="With --create: what the new collection holds."),
 ) -> None:
-    """Ingest a folder: new and changed files are (re)indexed, unchanged ones skipped."""
+    """Ingest a folder: new and changed files are (re)indexed, unchanged ones skipped.
+
+    Examples:
+
+      research-agent kb add-folder docs/ --collection project-docs --include "*.md" --prune
+
+      research-agent kb add-folder docs/ --collection project-docs --create --type fundamental
+    """
     from research_agent.ingest import ingest_path
 
     if path.is_file():
         raise typer.BadParameter(f"{path} is a file; use `kb add-document`", param_hint="'PATH'")
     state = get_state(ctx)
-    with render.ingest_progress(state) as progress:
-        report = ingest_path(state.container(), path, collection, recursive=recursive, include=include,
+    c = state.container()
+    if create:
+        create_collection(c, collection, type=type, description=description, exist_ok=True)
+    with render.ingest_progress(state) as progress, _suggest_create(c, collection, create):
+        report = ingest_path(c, path, collection, recursive=recursive, include=include,
                              exclude=exclude, prune=prune, strict=strict, progress=progress)
     render.emit(state, report, render.ingest_report)
+
+
+@contextmanager
+def _suggest_create(c: Any, collection: str, create: bool) -> Iterator[None]:
+    """A missing collection's error also names --create, the one-step way for a script."""
+    from research_agent.errors import CollectionError
+
+    try:
+        yield
+    except CollectionError as exc:
+        if not create and not c.store.has_collection(collection):
+            exc.data["guidance"] = f"Pass --create to create {collection!r} first. {exc.data['guidance']}"
+        raise
 
 
 def _research_text(content: str | None, file: Path | None, stdin: str | None) -> str:
@@ -103,12 +132,14 @@ def add_research(ctx: typer.Context,
 
 
 @app.command("list-documents")
-def list_documents(ctx: typer.Context, collection: str = COLLECTION) -> None:
+def list_documents(ctx: typer.Context, collection: str = COLLECTION, limit: Optional[int] = LIMIT,
+                   cursor: Optional[str] = CURSOR) -> None:
     """List the documents in a collection."""
     from research_agent.ingest import list_documents as list_docs
 
     state = get_state(ctx)
-    render.emit(state, state.read(list_docs, collection), render.document_list)
+    render.emit(state, state.read(list_docs, collection, limit=limit, cursor=cursor),
+                render.paged(render.document_list, "documents"))
 
 
 @app.command("remove-document")
@@ -205,7 +236,12 @@ def watch(ctx: typer.Context, path: Path = typer.Argument(..., metavar="PATH", h
           include: list[str] = typer.Option([], "--include", metavar="GLOB", help="Only files matching this glob."),
           exclude: list[str] = typer.Option([], "--exclude", metavar="GLOB", help="Skip files matching this glob."),
           debounce: float = typer.Option(1.0, "--debounce", help="Seconds of quiet before a sync.")) -> None:
-    """Keep a collection in sync with a folder until Ctrl-C or SIGTERM (created, changed and deleted files)."""
+    """Keep a collection in sync with a folder until Ctrl-C or SIGTERM (created, changed and deleted files).
+
+    Examples:
+
+      research-agent kb watch docs/ --collection project-docs --include "*.md"
+    """
     import signal
     import threading
 
@@ -223,6 +259,9 @@ def watch(ctx: typer.Context, path: Path = typer.Argument(..., metavar="PATH", h
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Said before the first sync, which may take minutes: a silent terminal looks hung.
+    render.stderr().print(f"Watching {path.resolve()} for collection {collection} (a sync now, then after each "
+                          "change); press Ctrl-C to stop.", markup=False, highlight=False)
     try:
         watch_folder(state.container(), path, collection, recursive=recursive, include=include, exclude=exclude,
                      debounce=debounce, on_sync=lambda report: render.emit(state, report, render.ingest_report),

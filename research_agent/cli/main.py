@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
+
+# typer 0.29 vendors its own click: the exceptions it raises are that copy's classes, not click's.
+from typer._click.exceptions import UsageError
 from typer.core import TyperGroup
 
 from research_agent.cli import collections, discover, doctor, eval, kb, projects, query, serve, status
@@ -15,12 +21,83 @@ from research_agent.cli.state import CliState, get_state
 log = logging.getLogger("research_agent.cli")
 
 
+JSON_FLAG = "--json"
+#: ctx.meta key: the raw command line asked for --json (known before any parsing, so usage errors can honour it).
+JSON_REQUESTED = "research_agent.json_requested"
+#: JSON-RPC's "invalid params", the code DESIGN.md gives usage errors (exit 2) on both faces.
+USAGE_ERROR_CODE = -32602
+
+
+def json_requested(args: list[str]) -> bool:
+    """`--json` anywhere before a `--` terminator: global (`--json status`) or after the command (`status --json`)."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg == JSON_FLAG:
+            return True
+    return False
+
+
+def _set_json(ctx: typer.Context, value: bool) -> None:
+    if value:
+        get_state(ctx).json = True
+
+
+def _late_json_option() -> Any:
+    """`--json` after the command: the README says every command takes it, and scripts write it there. Built by
+    typer from a one-option command, since typer's parameter classes are its own."""
+    def command(json_output: bool = typer.Option(False, JSON_FLAG, callback=_set_json, expose_value=False,
+                                                 help="Machine output: one JSON object on stdout (as the global "
+                                                      "--json).")) -> None: ...
+
+    holder = typer.Typer()
+    holder.command()(command)
+    return typer.main.get_command(holder).params[0]
+
+
+def _leaf_commands(group: Any) -> Iterator[Any]:
+    for command in group.commands.values():
+        if hasattr(command, "commands"):
+            yield from _leaf_commands(command)
+        else:
+            yield command
+
+
+def usage_error_exit(exc: UsageError) -> typer.Exit:
+    """Write a usage error as the JSON error object scripts parse on stderr; the exit code stays 2."""
+    path = exc.ctx.command_path if exc.ctx is not None else "research-agent"
+    message = exc.format_message()
+    error = {"code": USAGE_ERROR_CODE, "type": "InvalidParams", "message": message,
+             "data": {"type": "InvalidParams", "guidance": f"Run `{path} --help` for the usage.", "retryable": False}}
+    sys.stderr.write(json.dumps({"error": error}) + "\n")
+    sys.stderr.flush()
+    return typer.Exit(exc.exit_code)
+
+
 class ResearchAgentGroup(TyperGroup):
     """The root group; its invoke() wraps every command, so errors are mapped here and nowhere else."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in _leaf_commands(self):
+            command.params.append(_late_json_option())
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[JSON_REQUESTED] = json_requested(args)
+        try:
+            return super().parse_args(ctx, args)
+        except UsageError as exc:  # an error in the global options, before any command
+            if ctx.meta[JSON_REQUESTED]:
+                raise usage_error_exit(exc) from None
+            raise
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except UsageError as exc:  # an unknown command, a bad option or argument of the command
+            if ctx.meta.get(JSON_REQUESTED) or get_state(ctx).json:
+                raise usage_error_exit(exc) from None
+            raise
         except (typer.TyperException, typer.Exit, typer.Abort):
             raise  # usage errors (exit 2), explicit exits and aborts keep Typer's handling
         except KeyboardInterrupt:
@@ -54,6 +131,14 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from research_agent import __version__
+
+        typer.echo(f"research-agent {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
@@ -65,6 +150,8 @@ def main(
     verbose: int = typer.Option(0, "--verbose", "-v", count=True, show_default=False,
                                  help="Log more: -v INFO, -vv DEBUG."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Log errors only; no progress bars."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, expose_value=False,
+                                 help="Print the version and exit."),
 ) -> None:
     """A local-first knowledge base shared by coding agents and people."""
     ctx.obj = CliState(json=json_output, config_file=config, store=store, chroma_host=chroma_host,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from research_agent.cli import render
+from research_agent.cli.collections import CURSOR, LIMIT
 from research_agent.cli.state import get_state, split_names
 
 app = typer.Typer(help="Group collections into projects and choose each project's default collections.",
@@ -28,12 +31,13 @@ def create(ctx: typer.Context, name: str = NAME,
 
 
 @app.command("list")
-def list_(ctx: typer.Context) -> None:
+def list_(ctx: typer.Context, limit: Optional[int] = LIMIT, cursor: Optional[str] = CURSOR) -> None:
     """List projects."""
     from research_agent.catalog.projects import list_projects
 
     state = get_state(ctx)
-    render.emit(state, state.read(list_projects), render.project_list)
+    render.emit(state, state.read(list_projects, limit=limit, cursor=cursor),
+                render.paged(render.project_list, "projects"))
 
 
 @app.command("info")

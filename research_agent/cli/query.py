@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -13,7 +14,7 @@ from research_agent.cli.state import get_state, split_names
 
 def query(
     ctx: typer.Context,
-    text: str = typer.Argument(..., metavar="TEXT", help="What to search for."),
+    text: str = typer.Argument(..., metavar="TEXT", help="What to search for; - reads it from stdin."),
     collections: Optional[str] = typer.Option(
         None, "--collections", metavar="A,B", help="Comma-separated collections (default: all)."
     ),
@@ -35,13 +36,24 @@ def query(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Stop adding results at this many tokens."),
     snippets: bool = typer.Option(False, "--snippets", help="Return the most relevant excerpt of each chunk."),
 ) -> None:
-    """Search the knowledge base."""
+    """Search the knowledge base.
+
+    Examples:
+
+      research-agent query "how do I roll back a release" --collections ops-docs
+
+      research-agent --json query "retry policy" --project web --top-k 5 --mode keyword
+
+      git diff | research-agent query - --no-rerank
+    """
     from research_agent.search.service import query_knowledge
 
     if collections is not None and project is not None:
         raise typer.BadParameter("pass either --collections or --project, not both", param_hint="'--project'")
     state = get_state(ctx)
     context = _context(document_context, context_file)
+    if text == "-":  # the query from a pipe or a here-document, as `kb add-research -` reads its content
+        text = sys.stdin.read().strip()
     result = state.read(query_knowledge, text, collections=split_names(collections), project=project,
                         top_k=top_k, document_context=context, mode=mode, rerank=not no_rerank,
                         filters=parse_filters(filter), max_tokens=max_tokens, snippets=snippets)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,8 @@ class CliState:
             from research_agent.container import build_container
 
             self._container = build_container(self.config_file, one_shot=True, **self.overrides())
+            if self.json:
+                json_logs()
         return self._container
 
     def read(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -55,6 +59,24 @@ class CliState:
         if self._container is not None:
             self._container.close()
             self._container = None
+
+
+class JsonLogFormatter(logging.Formatter):
+    """Under --json, a log record on stderr is one JSON line too (`{"log": {...}}`), beside the `{"error": ...}`
+    line, so a script can parse all of stderr; a self-heal warning was plain text among them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps({"log": entry})
+
+
+def json_logs() -> None:
+    """Switch the stderr log handler configure_logging installed to JSON lines (a log file keeps its format)."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.FileHandler):
+            handler.setFormatter(JsonLogFormatter())
 
 
 def get_state(ctx: typer.Context) -> CliState:

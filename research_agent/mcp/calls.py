@@ -20,21 +20,22 @@ import time
 import uuid
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from fastmcp import Context, FastMCP
-from fastmcp.tools import ToolResult
+from fastmcp.tools import FunctionTool, ToolResult
 
 from research_agent.container import Container
 from research_agent.mcp.errors import ToolFailure, call_timeout, invalid_params, to_tool_failure
 from research_agent.mcp.lifespan import ServerState
+from research_agent.mcp.params import lean_input, result_schema
 from research_agent.mcp.render import render
 
 log = logging.getLogger("research_agent.mcp")
 
-# Every tool returns a JSON object; the schema says only that (the shapes are in each description).
-OBJECT_SCHEMA = {"type": "object", "additionalProperties": True}
+#: What an action of a combined tool does: "read" (timed, changes nothing), "write", or "delete".
+Effect = Literal["read", "write", "delete"]
 
 
 class CallCancelled(Exception):
@@ -108,19 +109,38 @@ class Calls:
 
 
 class Tool(Calls):
-    """A tool's description and annotations, and its call policies; decorating the tool's function names it.
+    """A tool's description, annotations and output schema, and its call policies; decorating the tool's
+    function names it.
 
     Descriptions are given here instead of docstrings: FastMCP parses docstrings with griffe, whose import
-    alone adds ~0.2 s to the handshake.
+    alone adds ~0.2 s to the handshake. `returns` are the result models (one per kind of answer); the output
+    schema is derived from them, so it cannot drift from what the service returns.
+
+    MCP annotations are per tool, not per action, and the hints mean "may": a combined tool (`actions`) whose
+    delete action deletes is destructive even though its list action is not. So the annotations describe the
+    worst action and the description names what each action does ("Read-only: list, info. Writes: create.
+    Deletes: delete."), generated from the same table the hints come from (basic-memory splits every action
+    into its own tool instead; DESIGN.md fixes the combined tools).
     """
 
-    def __init__(self, description: str, *, title: str, read_only: bool, destructive: bool,
-                 idempotent: bool) -> None:
+    def __init__(self, description: str, *, title: str, returns: tuple[type, ...], idempotent: bool,
+                 read_only: bool = False, destructive: bool = False, actions: dict[str, Effect] | None = None,
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.description = description
-        self.annotations = {"title": title, "readOnlyHint": read_only, "destructiveHint": destructive,
+        if actions:
+            read_only = all(effect == "read" for effect in actions.values())
+            destructive = any(effect == "delete" for effect in actions.values())
+            description = f"{description} {action_effects(actions)}"
+        self.description, self.title, self.actions = description, title, actions or {}
+        self.annotations = {"readOnlyHint": read_only, "destructiveHint": destructive,
                             "idempotentHint": idempotent, "openWorldHint": False}
+        self.output_schema = result_schema(*returns, extra=extra)
         self.fn: Callable[..., Any] | None = None
+
+    async def act(self, ctx: Context, action: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Run one action of a combined tool with the policy its effect implies: reads are timed, writes not."""
+        run = self.read if self.actions.get(action) == "read" else self.write
+        return await run(ctx, fn, *args, **kwargs)
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         self.fn, self.label = fn, fn.__name__
@@ -136,7 +156,21 @@ def add_tools(mcp: FastMCP, *fns: Callable[..., Any]) -> None:
     """Register tool functions decorated with a `Tool`, in the order given (the order of tools/list)."""
     for fn in fns:
         spec: Tool = fn.mcp_tool  # type: ignore[attr-defined]
-        mcp.tool(fn, description=spec.description, output_schema=OBJECT_SCHEMA, annotations=spec.annotations)
+        tool = FunctionTool.from_function(fn, title=spec.title, description=spec.description,
+                                          output_schema=spec.output_schema, annotations=spec.annotations)
+        tool.parameters = lean_input(tool.parameters)
+        mcp.add_tool(tool)
+
+
+def action_effects(actions: dict[str, Effect]) -> str:
+    """"Read-only: list, info. Writes: create. Deletes: delete." in the order the actions are declared."""
+    labels = {"read": "Read-only", "write": "Writes", "delete": "Deletes"}
+    parts = []
+    for effect, label in labels.items():
+        chosen = [name for name, e in actions.items() if e == effect]
+        if chosen:
+            parts.append(f"{label}: {', '.join(chosen)}.")
+    return " ".join(parts)
 
 
 class _Progress:

@@ -18,6 +18,7 @@ from fastmcp.server.middleware import Middleware, MiddlewareContext
 from mcp.shared.exceptions import MCPError
 
 from research_agent.errors import ResearchAgentError, as_research_agent_error
+from research_agent.guidance import for_face, with_guidance
 
 log = logging.getLogger("research_agent.mcp")
 
@@ -35,14 +36,21 @@ class ToolFailure(ToolError):
         self.error = error
 
 
+def coded(code: int, message: str, data: dict[str, Any]) -> MCPError:
+    """The JSON-RPC error an MCP client gets: its guidance in MCP words (tool calls, not `research-agent`
+    commands) in data.guidance and after the message too, since some clients show only the message."""
+    guidance = for_face(str(data.get("guidance") or ""), "mcp")
+    return MCPError(code, with_guidance(message, guidance), {**data, "guidance": guidance})
+
+
 def invalid_params(message: str, guidance: str, **data: Any) -> MCPError:
     """A tool argument missing or wrong for the chosen action: the JSON-RPC 'Invalid params' code."""
-    return MCPError(INVALID_PARAMS, message, {"type": "InvalidParams", "guidance": guidance, "retryable": False,
-                                              **data})
+    return coded(INVALID_PARAMS, message, {"type": "InvalidParams", "guidance": guidance, "retryable": False,
+                                           **data})
 
 
 def call_timeout(tool: str, seconds: float) -> MCPError:
-    return MCPError(CALL_TIMEOUT, f"{tool} did not finish within {seconds:g} s", {
+    return coded(CALL_TIMEOUT, f"{tool} did not finish within {seconds:g} s", {
         "type": "TimeoutError", "retryable": True, "timeout_seconds": seconds,
         "guidance": "Narrow the request (fewer collections, smaller top_k) or retry; the server's limit is "
                     "RESEARCH_AGENT_CALL_TIMEOUT."})
@@ -147,11 +155,11 @@ def to_mcp_error(exc: Exception, tool: str = "?") -> MCPError:
         if isinstance(item, MCPError):
             return item
         if isinstance(item, ResearchAgentError):
-            return MCPError(item.code, item.message, item.data)
+            return coded(item.code, item.message, item.data)
     root = chain[-1]
     log.error("Unexpected failure in %s", tool, exc_info=root)
     err = as_research_agent_error(root)
-    return MCPError(err.code, err.message, err.data)
+    return coded(err.code, err.message, err.data)
 
 
 def _missing_prompt_arguments(exc: BaseException) -> str | None:
@@ -201,4 +209,4 @@ class ErrorMappingMiddleware(Middleware):
 
 
 __all__ = ["CALL_TIMEOUT", "INVALID_PARAMS", "ErrorMappingMiddleware", "ToolFailure", "argument_kind",
-           "call_timeout", "describe_arguments", "invalid_params", "to_mcp_error", "to_tool_failure"]
+           "call_timeout", "coded", "describe_arguments", "invalid_params", "to_mcp_error", "to_tool_failure"]

@@ -1,6 +1,6 @@
 """Per-run server state, built by the lifespan once per server run: the container, the call limits, the model
 warm-up, the running jobs and the query-history writer; and the middleware that starts the warm-up after the
-handshake, so torch never competes with it.
+handshake, so torch never competes with it, and lets calls that need no model skip the model stage of it.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
 from typing import Any
 
 import anyio
@@ -19,15 +20,37 @@ log = logging.getLogger("research_agent.mcp")
 
 #: Seconds after `initialize` before the models warm up when the client never lists tools.
 WARMUP_DELAY = 1.0
+#: Tools (and manage_documents actions) that never embed or rerank: they wait only for the warm-up's store stage
+#: (chromadb and numpy imported, ~1-2 s), not for the models (11-28 s measured in issue 15 for a first list,
+#: status or validation error). Every other call, resource and prompt waits for the whole warm-up as before.
+MODEL_FREE_TOOLS = frozenset({"manage_collections", "manage_projects", "get_status", "check_store",
+                              "list_knowledge_bases", "retrieve_knowledge", "get_dependencies"})
+MODEL_FREE_DOCUMENT_ACTIONS = frozenset({"list", "get", "remove", "prune"})
+#: The longest /health waits for the warm-up's store stage before checking the store itself.
+HEALTH_STORE_WAIT = 30.0
+
+#: Whether the call running in this context may need a model; set per tool call by LifecycleMiddleware.
+NEEDS_MODELS: ContextVar[bool] = ContextVar("research_agent_needs_models", default=True)
+
+
+def needs_models(tool: str, arguments: dict[str, Any] | None) -> bool:
+    """Whether a tool call may embed or rerank (and so must wait for the models to warm up)."""
+    if tool in MODEL_FREE_TOOLS:
+        return False
+    if tool == "manage_documents":  # before validation: `action` may be anything a client sent
+        action = arguments.get("action") if isinstance(arguments, dict) else None
+        return not (isinstance(action, str) and action in MODEL_FREE_DOCUMENT_ACTIONS)
+    return True
 
 
 class Warmup:
-    """Loads the store client, the embedding model and the reranker once, in a background thread, after the
-    handshake.
+    """Loads the store client, then the embedding model and the reranker, once, in a background thread, after
+    the handshake.
 
-    Tool calls wait for a running warm-up before they start (`wait`): the loaders in embeddings.py and
-    rerank.py take a lock and cache per process, so nothing loads twice anyway, but two threads importing
-    numpy-based packages at the same moment can fail with "partially initialized module" ImportErrors.
+    Calls wait for a running warm-up before they start (`wait`): the loaders in embeddings.py and rerank.py take
+    a lock and cache per process, so nothing loads twice anyway, but two threads importing numpy-based packages
+    at the same moment can fail with "partially initialized module" ImportErrors. A call that needs no model
+    (NEEDS_MODELS false in its context) waits only for the store stage: it imports nothing the model stage does.
     """
 
     def __init__(self, container: Container, enabled: bool) -> None:
@@ -39,18 +62,27 @@ class Warmup:
         self._timer: threading.Timer | None = None
         self.thread: threading.Thread | None = None
         self._done = threading.Event()
+        self._store_ready = threading.Event()
         if not enabled:
             self._done.set()
+            self._store_ready.set()
+
+    def _stage(self) -> threading.Event:
+        return self._done if NEEDS_MODELS.get() else self._store_ready
 
     @property
     def finished(self) -> bool:
-        return self._done.is_set()
+        """Whether the call in this context may start: the whole warm-up, or its store stage for a call that
+        needs no model."""
+        return self._stage().is_set()
 
-    def wait(self) -> None:
-        """Block until the warm-up has finished; start it now if its timer has not fired yet."""
-        if not self._done.is_set():
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until `finished` (start the warm-up now if its timer has not fired yet); False on timeout."""
+        stage = self._stage()
+        if not stage.is_set():
             self.start()
-            self._done.wait()
+            return stage.wait(timeout)
+        return True
 
     def schedule(self, delay: float) -> None:
         with self._lock:
@@ -69,7 +101,10 @@ class Warmup:
     def _run(self) -> None:
         self.state = "running"
         try:
-            self.container.store.client  # noqa: B018 - chromadb and numpy imports first
+            try:
+                self.container.store.client  # noqa: B018 - chromadb and numpy imports first
+            finally:
+                self._store_ready.set()  # a store that cannot open is reported by the call that uses it
             self.container.embedder  # noqa: B018 - loading is the point
             if self.container.settings.rerank:
                 self.container.reranker.load()  # an unavailable reranker is reported by status and queries
@@ -79,6 +114,7 @@ class Warmup:
             self.state, self.error = "failed", str(exc)
             log.warning("warm-up failed: %s", exc)
         finally:
+            self._store_ready.set()
             self._done.set()
 
     def cancel(self) -> None:
@@ -149,6 +185,16 @@ class LifecycleMiddleware(Middleware):
         if self.holder.get("state") is not None:
             self.holder["state"].warmup.schedule(WARMUP_DELAY)
         return result
+
+    async def on_call_tool(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
+        """Mark whether this call may need a model; the call policies (calls.py) wait for the warm-up stage
+        `Warmup.finished` names in this context."""
+        message = context.message
+        token = NEEDS_MODELS.set(needs_models(getattr(message, "name", ""), getattr(message, "arguments", None)))
+        try:
+            return await call_next(context)
+        finally:
+            NEEDS_MODELS.reset(token)
 
     async def on_list_tools(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
         result = await call_next(context)

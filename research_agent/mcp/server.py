@@ -18,7 +18,7 @@ from research_agent.config import Settings
 from research_agent.container import Container, build_container
 from research_agent.mcp import prompts, resources, stdio
 from research_agent.mcp.errors import ErrorMappingMiddleware
-from research_agent.mcp.lifespan import LifecycleMiddleware, ServerState, store_health
+from research_agent.mcp.lifespan import HEALTH_STORE_WAIT, NEEDS_MODELS, LifecycleMiddleware, ServerState, store_health
 from research_agent.mcp.tools import collections, discovery, documents, operations, projects, search
 
 log = logging.getLogger("research_agent.mcp")
@@ -32,6 +32,8 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
     """A FastMCP server whose lifespan builds one Container: from `settings`, or from every settings layer
     (read when the server starts, so each start sees the current environment)."""
     holder: dict[str, Any] = {}
+    if settings is not None:
+        holder["store_kind"] = "server" if settings.server_mode else "embedded"
 
     @asynccontextmanager
     async def lifespan(server: FastMCP) -> AsyncIterator[dict[str, Any]]:
@@ -39,6 +41,7 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
         log.info("research-agent %s MCP server: store %s", __version__,
                  container.settings.chroma_host or container.settings.store)
         state = ServerState(container)
+        holder["store_kind"] = container.store.kind
         holder["state"] = state
         try:
             yield {"container": container, "state": state}
@@ -57,16 +60,23 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
 
 
 def _add_health_route(server: FastMCP, holder: dict[str, Any]) -> None:
-    """GET /health (HTTP only, public): answers at once while starting; checks the store after warm-up."""
+    """GET /health (HTTP only, public): "starting" only before the server state exists; then the store is checked
+    without waiting for the models (an idle server never warmed up, so it said "starting" for ever)."""
 
     @server.custom_route("/health", methods=["GET"])
     async def health(request: Any) -> Any:
         from starlette.responses import JSONResponse
 
         state = holder.get("state")
-        if state is None or not state.warmup.finished:
-            return JSONResponse({"status": "starting", "version": __version__, "store_reachable": None})
+        if state is None:
+            return JSONResponse({"status": "starting", "version": __version__,
+                                 "store_kind": holder.get("store_kind"), "store_reachable": None})
+        token = NEEDS_MODELS.set(False)  # the store stage of the warm-up, never the models
+        try:
+            await anyio.to_thread.run_sync(state.warmup.wait, HEALTH_STORE_WAIT)
+        finally:
+            NEEDS_MODELS.reset(token)
         reachable, error = await anyio.to_thread.run_sync(store_health, state.container)
         return JSONResponse({"status": "ok" if reachable else "degraded", "version": __version__,
-                             "store_kind": state.container.store.kind, "store_reachable": reachable,
-                             **({"store_error": error} if error else {})})
+                             "store_kind": holder["store_kind"], "store_reachable": reachable,
+                             "warmup": state.warmup.state, **({"store_error": error} if error else {})})

@@ -10,30 +10,32 @@ from fastmcp import Context, FastMCP
 from fastmcp.tools import ToolResult
 from pydantic import Field
 
+from research_agent.discovery.models import DependencyGraph, DiscoveryResult, KnowledgeBaseList, RetrievalResult
 from research_agent.mcp.calls import Tool, add_tools, container
-from research_agent.mcp.params import TaskType
+from research_agent.mcp.params import Cursor, Limit, TaskType, aliased, names
+from research_agent.search.service import QueryResult
 
-DISCOVER = Tool("Before starting a coding task, ask what knowledge you need: returns ranked recommendations of "
-                "knowledge nodes ({id, path, title, type, relevance_score, reason, estimated_tokens}) and "
-                "total_available. relevance_score is the probability the node is what the task needs: >= 0.9 must "
-                "load, 0.7-0.9 should load, 0.5-0.7 consider, below 0.5 listed as 'skip' alternatives; no "
-                "recommendation >= 0.5 means nothing relevant is known (see `message`). Load the ids with "
-                "retrieve_knowledge. Read-only.",
-                title="Discover context for a task", read_only=True, destructive=False, idempotent=True)
+DISCOVER = Tool("Before a coding task, ask what knowledge it needs: ranked recommendations {id, path, title, type, "
+                "relevance_score, reason, estimated_tokens}. relevance_score is the probability a node is needed: "
+                ">= 0.9 load, >= 0.7 should load, >= 0.5 consider; none >= 0.5: nothing relevant is known. Load "
+                "ids with retrieve_knowledge.",
+                title="Discover context for a task", returns=(DiscoveryResult,), read_only=True, idempotent=True)
+
+DiscoverNames = names("collections", "Collections to search (default: all).")
 
 
 @DISCOVER
 async def discover_context(
-    task_description: Annotated[str, Field(description="The task you are about to perform, in natural "
-                                                        "language.")],
+    task_description: Annotated[str, Field(description="The task you are about to do.")],
     ctx: Context,
-    task_type: Annotated[TaskType | None, Field(description="What kind of task; tunes which node types rank "
-                                                            "higher.")] = None,
-    current_file: Annotated[str | None, Field(description="Path of the file being worked on; knowledge "
-                                                          "about nearby files ranks higher.")] = None,
-    max_results: Annotated[int, Field(description="Maximum number of recommendations.", ge=1)] = 5,
-    collections: Annotated[list[str] | None, Field(description="Collections to search (default: all).")] = None,
-    project: Annotated[str | None, Field(description="Search this project's default collections.")] = None,
+    task_type: Annotated[TaskType | None, Field(description="Tunes which node types rank first.")] = None,
+    current_file: Annotated[str | None, Field(description="The file being edited; knowledge near it ranks "
+                                                          "higher.")] = None,
+    max_results: Annotated[int, Field(description="At most this many.", ge=1,
+                                      validation_alias=aliased("max_results"))] = 5,
+    collections: DiscoverNames = None,
+    project: Annotated[str | None, Field(description="Search this project's default collections.",
+                                         validation_alias=aliased("project"))] = None,
 ) -> ToolResult:
     from research_agent.discovery import discover_context as svc
 
@@ -42,21 +44,18 @@ async def discover_context(
                                             collections=collections or None, project=project))
 
 
-RETRIEVE = Tool("Fetch the full content of knowledge nodes by id (from discover_context or list_knowledge_bases), "
-                "reassembled in document order, with metadata, children when asked, and total_tokens. At most 20 "
-                "ids per call. Ids that do not exist are listed in not_found; the others are still returned.",
-                title="Retrieve knowledge", read_only=True, destructive=False, idempotent=True)
+RETRIEVE = Tool("Full content of knowledge nodes by id (from discover_context or list_knowledge_bases), with "
+                "metadata and total_tokens. At most 20 ids; unknown ones are listed in not_found.",
+                title="Retrieve knowledge", returns=(RetrievalResult,), read_only=True, idempotent=True)
 
 
 @RETRIEVE
 async def retrieve_knowledge(
-    ids: Annotated[list[str], Field(description="Node ids; write collection:node_id when an id exists in "
-                                                "several collections.")],
+    ids: Annotated[list[str], Field(description="Node ids (collection:node_id if ambiguous).")],
     ctx: Context,
-    include_children: Annotated[bool, Field(description="Also return each node's sub-sections.")] = False,
+    include_children: Annotated[bool, Field(description="Also each node's sub-sections.")] = False,
     format: Annotated[Literal["markdown", "json", "plain"], Field(
-        description="markdown: as written; plain: markup removed; json: content split into typed sections "
-                    "(prose, code_block, table).")] = "markdown",
+        description="json: typed sections (prose, code_block, table).")] = "markdown",
 ) -> ToolResult:
     from research_agent.discovery import retrieve_knowledge as svc
 
@@ -64,28 +63,30 @@ async def retrieve_knowledge(
                                             format=format))
 
 
-LIST_KB = Tool("The catalogue of knowledge files and their nodes: id, path, title, type, status, description, "
-               "last_checked, node_count. Filters match a node's own or inherited type/status.",
-               title="List knowledge bases", read_only=True, destructive=False, idempotent=True)
+LIST_KB = Tool("A page of the knowledge files and their nodes {id, path, title, type, status}, with totals and "
+               "next_cursor. Filters match a node's own or inherited type/status.",
+               title="List knowledge bases", returns=(KnowledgeBaseList,), read_only=True, idempotent=True)
 
 
 @LIST_KB
 async def list_knowledge_bases(
     ctx: Context,
-    filter_type: Annotated[str | None, Field(description="Only nodes of this type (guideline, protocol, "
-                                                         "context, agent_skill, plan, task, log ...).")] = None,
-    filter_status: Annotated[str | None, Field(description="Only nodes with this status (active, draft, "
-                                                           "deprecated ...).")] = None,
+    filter_type: Annotated[str | None, Field(description="guideline, protocol, context, agent_skill, plan, "
+                                                         "task, log ...")] = None,
+    filter_status: Annotated[str | None, Field(description="active, draft, deprecated ...")] = None,
+    limit: Limit = None,
+    cursor: Cursor = None,
 ) -> ToolResult:
     from research_agent.discovery import list_knowledge_bases as svc
 
     return LIST_KB.result(await LIST_KB.read(ctx, svc, container(ctx), filter_type=filter_type,
-                                          filter_status=filter_status))
+                                          filter_status=filter_status, limit=limit, cursor=cursor))
 
 
-SEARCH = Tool("Full-text and semantic search across knowledge bases (the query engine of query_knowledge_base), "
-              "returning chunks with scores. Use it for specific questions during a task.",
-              title="Search knowledge", read_only=True, destructive=False, idempotent=True)
+SEARCH = Tool("query_knowledge_base over knowledge collections, for specific questions during a task.",
+              title="Search knowledge", returns=(QueryResult,), read_only=True, idempotent=True)
+
+ScopeNames = names("scope", "Collections, or one project name (default: all).")
 
 
 @SEARCH
@@ -93,10 +94,10 @@ async def search_knowledge(
     query: Annotated[str, Field(description="What to look for.")],
     ctx: Context,
     search_type: Annotated[Literal["semantic", "keyword", "hybrid"], Field(
-        description="hybrid (default), semantic (embeddings only) or keyword (exact terms).")] = "hybrid",
-    scope: Annotated[list[str] | None, Field(description="Collections to search, or one project name "
-                                                         "(default: all collections).")] = None,
-    max_results: Annotated[int, Field(description="How many results.", ge=1)] = 10,
+        description="As query_knowledge_base's mode.")] = "hybrid",
+    scope: ScopeNames = None,
+    max_results: Annotated[int, Field(description="How many results.", ge=1,
+                                      validation_alias=aliased("max_results"))] = 10,
 ) -> ToolResult:
     from research_agent.discovery import search_knowledge as svc
 
@@ -104,10 +105,9 @@ async def search_knowledge(
                                         scope=scope or None, max_results=max_results))
 
 
-DEPENDENCIES = Tool("The nodes a node depends on (upstream: its blocked_by and parent) and that depend on it "
-                    "(downstream: nodes blocked by it, its children), breadth first to `depth` (capped by the server), "
-                    "with edges {source, target, kind}, cycles and blocked_by ids that match no node.",
-                    title="Get dependencies", read_only=True, destructive=False, idempotent=True)
+DEPENDENCIES = Tool("What a node depends on (upstream: blocked_by, parent) and what depends on it (downstream), to "
+                    "depth, with edges {source, target, kind}, cycles and dangling blocked_by ids.",
+                    title="Get dependencies", returns=(DependencyGraph,), read_only=True, idempotent=True)
 
 
 @DEPENDENCIES
@@ -115,7 +115,7 @@ async def get_dependencies(
     node_id: Annotated[str, Field(description="The node to analyse.")],
     ctx: Context,
     direction: Annotated[Literal["upstream", "downstream", "both"], Field(
-        description="upstream, downstream or both.")] = "both",
+        description="Which links to follow.")] = "both",
     depth: Annotated[int, Field(description="Levels to follow.", ge=1)] = 1,
 ) -> ToolResult:
     from research_agent.discovery import get_dependencies as svc

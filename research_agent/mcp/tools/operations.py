@@ -14,22 +14,23 @@ from pydantic import Field
 
 from research_agent.mcp.calls import Tool, add_tools, container, state
 from research_agent.mcp.params import CollectionName
+from research_agent.ops.doctor import DoctorReport
+from research_agent.ops.status import StatusReport
+from research_agent.search.evaluation import EvalReport
 
-EVALUATE = Tool("Measure retrieval quality on your own relevance judgments (BEIR files on the server's machine, "
-                "under its allowed roots): nDCG@k, Recall@k, MRR@k and latency for each mode (semantic, keyword, "
-                "hybrid, hybrid+rerank; a mode that cannot run, e.g. no reranker, is reported unavailable). Runs one "
-                "query per judged query and mode: exempt from the call timeout.",
-                title="Evaluate retrieval", read_only=True, destructive=False, idempotent=True)
+EVALUATE = Tool("Measure retrieval on your judgments (BEIR files under the allowed roots): nDCG@k, Recall@k, MRR@k "
+                "and latency per mode. No call timeout.",
+                title="Evaluate retrieval", returns=(EvalReport,), read_only=True, idempotent=True)
 
 
 @EVALUATE
 async def evaluate_retrieval(
     collection: CollectionName,
     queries_file: Annotated[str, Field(description="BEIR queries.jsonl (_id, text).")],
-    qrels_file: Annotated[str, Field(description="BEIR qrels TSV: query-id, corpus-id, score (header line).")],
+    qrels_file: Annotated[str, Field(description="BEIR qrels TSV (query-id, corpus-id, score).")],
     ctx: Context,
-    k: Annotated[int, Field(description="The cut-off for every metric.", ge=1)] = 10,
-    limit: Annotated[int | None, Field(description="Evaluate only the first N judged queries.", ge=1)] = None,
+    k: Annotated[int, Field(description="Cut-off for every metric.", ge=1)] = 10,
+    limit: Annotated[int | None, Field(description="Only the first N judged queries.", ge=1)] = None,
 ) -> ToolResult:
     from research_agent.ingest import check_allowed
     from research_agent.search.evaluation import evaluate
@@ -44,10 +45,9 @@ async def evaluate_retrieval(
     return EVALUATE.result(await EVALUATE.write(ctx, run_eval))
 
 
-CHECK = Tool("Check the store for what an interrupted write left behind (orphan chunks, incomplete documents, "
-             "leftovers of an interrupted reindex); with repair=true, fix it. Returns per-collection counts, "
-             "leftovers, the repairs done and `healthy`.",
-             title="Check the store", read_only=False, destructive=True, idempotent=True)
+CHECK = Tool("Check the store for what an interrupted write left (orphan chunks, incomplete documents, reindex "
+             "leftovers); repair=true fixes it.",
+             title="Check the store", returns=(DoctorReport,), destructive=True, idempotent=True)
 
 
 @CHECK
@@ -60,11 +60,10 @@ async def check_store(
     return CHECK.result(await CHECK.write(ctx, run_doctor, container(ctx), repair=repair))
 
 
-STATUS = Tool("The server's version, store (embedded path or Chroma server) and whether it is reachable, "
-              "embedding and reranker models (names, whether loaded or available), device, counts of "
-              "collections, documents, chunks and projects, the model warm-up state and the ingestion jobs "
-              "running now.",
-              title="Status", read_only=True, destructive=False, idempotent=True)
+STATUS = Tool("Version, store and whether it is reachable, models (loaded, available), counts, warm-up, limits "
+              "and running ingestion jobs.",
+              title="Status", returns=(StatusReport,), read_only=True, idempotent=True,
+              extra={"running_jobs": {"type": "array"}, "warmup": {"type": "string"}, "limits": {"type": "object"}})
 
 
 @STATUS

@@ -2,51 +2,70 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastmcp import Context, FastMCP
 from fastmcp.tools import ToolResult
 from pydantic import Field
 
+from research_agent.catalog.common import Deleted
+from research_agent.catalog.projects import ProjectInfo, ProjectList
 from research_agent.mcp.calls import Tool, add_tools, container, require
+from research_agent.mcp.params import Cursor, Limit, aliased, names
 
-PROJECTS = Tool("Create, list, inspect or delete projects, and link collections to them. A project groups the "
-                "collections an agent should search for one codebase. Returns the project's info, "
-                "{\"projects\": [...]} (list) or {\"deleted\", \"kind\"} (delete). Deleting a project keeps its "
-                "collections.",
-                title="Manage projects", read_only=False, destructive=True, idempotent=False)
+if TYPE_CHECKING:
+    from research_agent.container import Container
+
+PROJECTS = Tool("A project groups the collections searched for one codebase. Returns the project, a page "
+                "{projects, total, next_cursor} (list) or {deleted, kind} (delete; collections stay).",
+                title="Manage projects", returns=(ProjectInfo, ProjectList, Deleted), idempotent=False,
+                actions={"list": "read", "info": "read", "create": "write", "link": "write", "unlink": "write",
+                         "set-defaults": "write", "delete": "delete"})
+
+LinkedNames = names("collections", "create, link, unlink, set-defaults: collection names.")
+
+
+def create_with_links(c: Container, name: str, description: str, collections: list[str] | None) -> ProjectInfo:
+    """`create` with `collections` links them too (the spec's create takes them). They are checked first, so a
+    missing collection creates nothing."""
+    from research_agent.catalog import projects as svc
+
+    if collections:
+        c.store.require_collections(collections)
+    created = svc.create_project(c, name, description=description)
+    return svc.link_collections(c, name, collections) if collections else created
 
 
 @PROJECTS
 async def manage_projects(
     action: Annotated[Literal["create", "list", "info", "delete", "link", "unlink", "set-defaults"], Field(
-        description="create/info/delete: one project; list: all projects; link/unlink: add or remove "
-                    "collections from a project; set-defaults: the collections a query with this project "
-                    "searches.")],
+        description="set-defaults: the collections a query with this project searches.")],
     ctx: Context,
-    project_name: Annotated[str | None, Field(description="The project (required except for list).")] = None,
-    collections: Annotated[list[str] | None, Field(
-        description="Collection names (required for link, unlink and set-defaults).")] = None,
+    project_name: Annotated[str | None, Field(description="All actions but list.",
+                                              validation_alias=aliased("project_name"))] = None,
+    collections: LinkedNames = None,
     description: Annotated[str | None, Field(description="create: what the project is.")] = None,
+    limit: Limit = None,
+    cursor: Cursor = None,
 ) -> ToolResult:
     from research_agent.catalog import projects as svc
 
-    c = container(ctx)
+    c, call = container(ctx), PROJECTS
     if action == "list":
-        return PROJECTS.result(await PROJECTS.read(ctx, svc.list_projects, c))
+        return call.result(await call.act(ctx, action, svc.list_projects, c, limit=limit, cursor=cursor))
     name = require(project_name, "project_name", action)
     if action == "create":
-        data = await PROJECTS.write(ctx, svc.create_project, c, name, description=description or "")
+        data = await call.act(ctx, action, create_with_links, c, name, description or "", collections)
     elif action == "info":
-        data = await PROJECTS.read(ctx, svc.get_project_info, c, name)
+        data = await call.act(ctx, action, svc.get_project_info, c, name)
     elif action == "delete":
-        data = await PROJECTS.write(ctx, svc.delete_project, c, name)
+        data = await call.act(ctx, action, svc.delete_project, c, name)
     else:
-        names = require(collections, "collections", action)
+        listed = require(collections, "collections", action)
         fn = {"link": svc.link_collections, "unlink": svc.unlink_collections,
               "set-defaults": svc.set_default_collections}[action]
-        data = await PROJECTS.write(ctx, fn, c, name, names)
-    return PROJECTS.result(data)
+        data = await call.act(ctx, action, fn, c, name, listed)
+    return call.result(data)
 
 
 def register(mcp: FastMCP) -> None:

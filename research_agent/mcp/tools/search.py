@@ -9,32 +9,31 @@ from fastmcp.tools import ToolResult
 from pydantic import Field
 
 from research_agent.mcp.calls import Tool, add_tools, container, state
-from research_agent.mcp.params import Filters, MaxTokens, Snippets
+from research_agent.mcp.params import Filters, MaxTokens, Snippets, aliased, names
+from research_agent.search.service import QueryResult
 
-QUERY = Tool("Search the knowledge base and return the most relevant chunks with their source document, header "
-             "path and a relevance score (0-1) and label. `query_refinement` says when the query is too broad or "
-             "unclear, with suggestions; `reranked` and `warnings` say how the ranking was done. Read-only; "
-             "bounded by the server's call timeout.",
-             title="Search the knowledge base", read_only=True, destructive=False, idempotent=True)
+QUERY = Tool("Search the knowledge base: the most relevant chunks {content, source_document, header_path, "
+             "relevance_score (probability 0-1), relevance_label, metadata}; query_refinement says when the query "
+             "is too broad or unclear, with suggestions.",
+             title="Search the knowledge base", returns=(QueryResult,), read_only=True, idempotent=True)
+
+SearchedNames = names("collections", "Collections to search (default: the project's, else all).")
 
 
 @QUERY
 async def query_knowledge_base(
-    query: Annotated[str, Field(description="What to look for, in natural language or keywords.")],
+    query: Annotated[str, Field(description="A question or keywords.")],
     ctx: Context,
-    collections: Annotated[list[str] | None, Field(
-        description="Collections to search. Default: the project's default collections when `project` is "
-                    "given, else every collection.")] = None,
-    top_k: Annotated[int, Field(description="How many chunks to return (1 to the server's max_top_k, 100 by "
-                                            "default).", ge=1)] = 10,
+    collections: SearchedNames = None,
+    top_k: Annotated[int, Field(description="Chunks to return (up to max_top_k).",
+                                ge=1, validation_alias=aliased("top_k"))] = 10,
     document_context: Annotated[str | None, Field(
-        description="Text of the document or code being worked on; it steers ranking toward related "
-                    "chunks.")] = None,
-    project: Annotated[str | None, Field(description="Search this project's linked collections.")] = None,
+        description="The text or code being worked on; ranks related chunks higher.")] = None,
+    project: Annotated[str | None, Field(description="Search this project's default collections.",
+                                         validation_alias=aliased("project"))] = None,
     mode: Annotated[Literal["hybrid", "semantic", "keyword"], Field(
-        description="hybrid: embeddings and keywords fused (default); semantic: embeddings only; keyword: "
-                    "exact terms only (names, error strings).")] = "hybrid",
-    rerank: Annotated[bool, Field(description="Rerank with the cross-encoder when it is available.")] = True,
+        description="hybrid: embeddings + keywords; semantic; keyword: exact terms (names, errors).")] = "hybrid",
+    rerank: Annotated[bool, Field(description="Rerank with the cross-encoder if available.")] = True,
     filters: Filters = None,
     max_tokens: MaxTokens = None,
     snippets: Snippets = False,
