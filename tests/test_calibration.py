@@ -126,8 +126,19 @@ def test_calibration_is_a_monotone_cheap_logistic_model():
     lo = calibration.calibrated_scores("hybrid", [0.2], [1.0], [0.1])[0]
     hi = calibration.calibrated_scores("hybrid", [0.7], [20.0], [1.0])[0]
     assert 0.0 < lo < hi < 1.0
+
+
+def test_hybrid_scores_are_the_nearest_descending_sequence_not_a_running_minimum():
+    """The quick start's failure: one weak hit at rank 3 (0.03) printed every hit below it at 0.03, the best
+    answer (own estimate 0.16) included. Pooled adjacent violators: a hit under a weaker one shares their mean."""
+    from research_agent.search import calibration
+
     assert calibration.descending([0.5, 0.6, 0.4, 0.45]) == pytest.approx([0.55, 0.55, 0.425, 0.425])
     assert calibration.descending([0.9, 0.2, 0.2, 0.6, 0.1]) == pytest.approx([0.9, 1 / 3, 1 / 3, 1 / 3, 0.1])
+    shown = calibration.descending([0.27, 0.30, 0.03, 0.18, 0.09, 0.09, 0.08, 0.11, 0.12, 0.07])
+    assert all(a >= b for a, b in zip(shown, shown[1:]))
+    assert shown[3] > 0.03 and sum(shown) == pytest.approx(sum([0.27, 0.30, 0.03, 0.18, 0.09, 0.09, 0.08, 0.11,
+                                                                  0.12, 0.07]))
     assert calibration.descending([]) == []
 
 
