@@ -424,9 +424,9 @@ def test_a_document_with_a_body_gets_no_outline_chunk() -> None:
 
 # -- the node schema, defined once (issue 13) ----------------------------------------------------
 
-# Modules that still spell out stored node keys themselves (engineer A's discovery/, read back through
-# nodes.from_metadata once it is called there). Each entry is checked to still hold, so fixing a module
-# makes the test fail until its line is deleted here.
+# Modules allowed to still spell out stored node keys themselves (none left: discovery reads nodes back
+# through nodes.from_metadata). Each entry is checked to still hold, so fixing a module makes the test fail
+# until its line is deleted here.
 NODE_SCHEMA_NOT_YET: set[str] = set()
 # Same word, another meaning: the name of a dependency edge kind (models.DependencyEdge.kind), and the filter
 # `node_type` of query_knowledge (search/filters.py maps a user-facing filter name onto the stored key).

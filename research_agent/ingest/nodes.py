@@ -12,8 +12,8 @@ This module reads that block (which bullets are metadata, how values parse) into
 node into a chunk's Chroma metadata (`to_metadata`, capped) and reads it back (`from_metadata`);
 chunking.py decides where sections and chunks begin and hands each chunk its `NodeFields`. Issue 13 found
 the fields spelled out five times (the chunk's copy, prepare's metadata, discovery's reader, two wire
-dicts); ingest/ now names them only here (tests/test_chunking.py::test_the_node_schema_is_defined_once).
-discovery/node_index.py still reads the stored keys itself until it calls `from_metadata`.
+dicts); they are named only here, discovery included (it reads nodes back through `from_metadata` and
+builds its wire dicts from `STORED_KEYS`; tests/test_chunking.py::test_the_node_schema_is_defined_once).
 """
 
 from __future__ import annotations
