@@ -225,8 +225,15 @@ def test_progress_bar_has_a_fixed_total_rate_and_eta():
         update(IngestProgress(stage="reading", files_done=3, files_total=4, chunks_done=40, chunks_total=60,
                               current="d.md"))
         assert task.completed == 2  # read is not done: the bar counts files whose chunks are written
-        update(IngestProgress(stage="writing", files_done=3, files_total=4, chunks_done=90, chunks_total=90))
-        assert task.total == 4 and task.completed == 3  # the total never moves
+        moved = []
+        for embedded in (0, 32, 50):  # the last batch (files 3 and 4, 50 chunks) while it is embedded
+            update(IngestProgress(stage="embedding", files_done=2, files_total=4, chunks_done=40 + embedded,
+                                  chunks_total=90, files_progress=2 + 2 * embedded / 50))
+            moved.append(task.completed)
+            assert task.total == 4 and task.fields["chunks"] == f"embedding: {40 + embedded}/90 chunks"
+        assert moved == [2, 2 + 2 * 32 / 50, 4]  # the bar moves while embedding, in files
+        update(IngestProgress(stage="writing", files_done=4, files_total=4, chunks_done=90, chunks_total=90))
+        assert task.total == 4 and task.completed == 4  # the total never moves
     columns = " ".join(type(c).__name__ for c in update.progress.columns)
     assert "TimeRemainingColumn" in columns and "RateColumn" in columns
 

@@ -280,6 +280,7 @@ def test_progress_moves_while_embedding_and_vectors_stay_those_of_the_chunks(con
     vectors written are still each chunk's own (slicing and its length order must not mix them up)."""
     from research_agent.catalog.collections import open_collection
     from research_agent.ingest.prepare import embedding_text
+    from research_agent.ingest.service import EMBED_SLICE_CHUNKS
 
     folder = tmp_path / "sliced"
     folder.mkdir()
@@ -293,7 +294,7 @@ def test_progress_moves_while_embedding_and_vectors_stay_those_of_the_chunks(con
     embedding = [e for e in events if e.stage == "embedding"]
     done = [e.chunks_done for e in embedding]
     assert len(embedding) >= 3 and done == sorted(done) and done[-1] == report.chunks_written, done
-    assert max(b - a for a, b in zip(done, done[1:])) <= ingest.EMBED_SLICE_CHUNKS, done
+    assert max(b - a for a, b in zip(done, done[1:])) <= EMBED_SLICE_CHUNKS, done
     assert all(e.chunks_total == report.chunks_written and e.files_total == 4 for e in embedding)
     assert all(e.files_done == 0 for e in embedding)  # one batch: no file is committed until it is written
     progress = [e.files_progress for e in embedding]
@@ -312,4 +313,4 @@ def test_progress_moves_while_embedding_and_vectors_stay_those_of_the_chunks(con
     ingest.reindex_collection(container, "sliced", progress=events.append)
     done = [e.chunks_done for e in events if e.stage == "embedding"]
     assert len(done) >= 4 and done == sorted(done) and done[-1] == report.chunks_written, done
-    assert max(b - a for a, b in zip(done, done[1:])) <= ingest.EMBED_SLICE_CHUNKS, done
+    assert max(b - a for a, b in zip(done, done[1:])) <= EMBED_SLICE_CHUNKS, done

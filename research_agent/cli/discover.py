@@ -42,7 +42,16 @@ def discover(
     state = get_state(ctx)
     result = state.read(discover_context, task, task_type=task_type, current_file=current_file,
                         max_results=max_results, collections=split_names(collections), project=project)
-    render.emit(state, result, _discovery)
+    render.emit(state, _in_cli_words(result), _discovery)
+
+
+def _in_cli_words(result: Any) -> Any:
+    """The result with its message naming CLI commands: the library writes it for agents ("Call
+    retrieve_knowledge with the ids ..."), which people at a shell cannot do. Under --json too, since the
+    people who script the CLI read that message as well (issue 15)."""
+    from research_agent.guidance import for_face
+
+    return result.model_copy(update={"message": for_face(result.message, "cli")})
 
 
 def retrieve(ctx: typer.Context, ids: list[str] = typer.Argument(..., metavar="ID...", help="Node ids to fetch."),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +28,8 @@ JSON_FLAG = "--json"
 JSON_REQUESTED = "research_agent.json_requested"
 #: JSON-RPC's "invalid params", the code DESIGN.md gives usage errors (exit 2) on both faces.
 USAGE_ERROR_CODE = -32602
+#: The status of a Unix tool killed by SIGPIPE (128 + 13) when its reader went away (`| head`).
+BROKEN_PIPE_EXIT = 141
 
 
 def json_requested(args: list[str]) -> bool:
@@ -74,6 +78,31 @@ def usage_error_exit(exc: UsageError) -> typer.Exit:
     return typer.Exit(exc.exit_code)
 
 
+def is_broken_pipe(exc: BaseException) -> bool:
+    """A write to a stdout whose reader went away (`| head`): BrokenPipeError from a plain write (JSON, echo),
+    or rich's way of saying it (help and tables): Console.on_broken_pipe points stdout at /dev/null and raises
+    SystemExit(1); no command of ours raises SystemExit itself (errors are typer.Exit)."""
+    if isinstance(exc, BrokenPipeError):
+        return True
+    if not isinstance(exc, SystemExit) or exc.code != 1:
+        return False
+    try:
+        return os.path.samestat(os.fstat(sys.stdout.fileno()), os.stat(os.devnull))
+    except (OSError, ValueError):  # ValueError: no fileno (a test runner's stdout)
+        return False
+
+
+def broken_pipe_exit() -> typer.Exit:
+    """Stop quietly, as `cat big | head -1` does: exit 141, nothing on stderr. Python ignores SIGPIPE, so a write
+    to a closed stdout raised BrokenPipeError, reported as "Unexpected failure" (issue 15). stdout goes to
+    /dev/null first, or the interpreter's final flush of what is still buffered fails again on its way out."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return typer.Exit(BROKEN_PIPE_EXIT)
+
+
 class ResearchAgentGroup(TyperGroup):
     """The root group; its invoke() wraps every command, so errors are mapped here and nowhere else."""
 
@@ -86,6 +115,10 @@ class ResearchAgentGroup(TyperGroup):
         ctx.meta[JSON_REQUESTED] = json_requested(args)
         try:
             return super().parse_args(ctx, args)
+        except (BrokenPipeError, SystemExit) as exc:  # the root's --help or --version, to a closed pipe
+            if is_broken_pipe(exc):
+                raise broken_pipe_exit() from None
+            raise
         except UsageError as exc:  # an error in the global options, before any command
             if ctx.meta[JSON_REQUESTED]:
                 raise usage_error_exit(exc) from None
@@ -102,6 +135,10 @@ class ResearchAgentGroup(TyperGroup):
             raise  # usage errors (exit 2), explicit exits and aborts keep Typer's handling
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except (BrokenPipeError, SystemExit) as exc:  # output (or a command's --help) to a closed pipe
+            if is_broken_pipe(exc):
+                raise broken_pipe_exit() from None
+            raise
         except Exception as exc:  # noqa: BLE001 - this is the CLI's single error boundary
             raise typer.Exit(handle_error(get_state(ctx), exc)) from None
 

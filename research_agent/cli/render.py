@@ -90,30 +90,40 @@ def confirm(state: CliState, question: str, yes: bool) -> None:
 
 
 class RateColumn(ProgressColumn):
-    """Files per second, the unit of the bar's fixed total."""
+    """Files per second, the unit of the bar's fixed total; seconds per file when slower than one a second (a
+    single large file read "0.0 files/s" for its whole embedding)."""
 
     def render(self, task: Any) -> Text:
         speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:.1f} files/s", style="progress.data.speed")
+        if not speed:
+            return Text("", style="progress.data.speed")
+        return Text(f"{speed:.1f} files/s" if speed >= 1 else f"{1 / speed:.0f} s/file", style="progress.data.speed")
 
 
 class IngestBar:
-    """The ingest progress callback: one bar whose total is the number of files (known once the folder is walked,
-    never moving, unlike the chunk total, which grows as files are read). It advances as files are committed,
-    not as they are read: reading ran 29 of 30 files ahead in a second, then the bar sat at "0:00:01 left" for
-    the 75 s of embedding (a 30-file folder measured here). The stage, chunk count and current file ride along."""
+    """The ingest progress callback: one bar in files, whose total (known once the folder is walked) never moves.
 
-    COMMITTED_STAGES = ("writing", "reindexing", "done")
+    Why files, not chunks: the chunk total grows as files are read (a folder is read and embedded in batches of
+    EMBED_BATCH_CHUNKS), so a chunk bar's total and ETA would jump. Why it still moves while embedding, where the
+    time goes (30 files read in a second, then 75 s of model loading and embedding, measured here): "embedding"
+    reports carry files_progress, the files committed plus the batch's files in the share of its chunks
+    embedded; the chunks embedded of those read so far ride along as text. A file read is not progress: the bar
+    advances on embedding, writing (committed) and done, never back."""
+
+    MOVING_STAGES = ("embedding", "writing", "reindexing", "done")
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.task = progress.add_task("files", total=None, chunks="", current="")
+        self.completed = 0.0
 
     def __call__(self, p: Any) -> None:
-        fields: dict[str, Any] = {"total": p.files_total or None, "chunks": f"{p.chunks_done} chunks {p.stage}",
+        fields: dict[str, Any] = {"total": p.files_total or None,
+                                  "chunks": f"{p.stage}: {p.chunks_done}/{p.chunks_total} chunks",
                                   "current": p.current[-40:]}
-        if p.stage in self.COMMITTED_STAGES:
-            fields["completed"] = p.files_done
+        if p.stage in self.MOVING_STAGES:
+            done = p.files_progress if p.stage == "embedding" else p.files_done
+            self.completed = fields["completed"] = max(done, self.completed)
         self.progress.update(self.task, **fields)
 
 
