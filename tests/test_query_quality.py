@@ -387,8 +387,9 @@ def test_rerank_precision_bfloat16_keeps_scores_and_order(container, tiny_cross_
     assert approx == pytest.approx(exact, abs=0.02)
 
 
-def test_no_rerank_asked_for_prints_no_not_reranked_warning():
-    """`--no-rerank` is the user's choice: the CLI must not warn that results are not reranked (issue 12)."""
+def test_no_rerank_asked_for_prints_no_not_reranked_warning(capsys):
+    """`--no-rerank` is the user's choice: the CLI must not warn that results are not reranked (issue 12); a
+    real "not reranked" warning goes to stderr, never into the results on stdout (issue 15)."""
     import io
 
     from rich.console import Console
@@ -402,8 +403,9 @@ def test_no_rerank_asked_for_prints_no_not_reranked_warning():
                       query_refinement=QueryRefinement(status="optimal", suggestions=[], message="ok"))
     out = io.StringIO()
     render.query_result(Console(file=out, width=120), res)
-    assert "not reranked" not in out.getvalue().lower()
+    assert "not reranked" not in (out.getvalue() + capsys.readouterr().err).lower()
     wanted = res.model_copy(update={"warnings": ["Not reranked: reranker 'x' is unavailable (no network)."]})
     out = io.StringIO()
     render.query_result(Console(file=out, width=120), wanted)
-    assert "Not reranked" in out.getvalue()
+    assert "Not reranked" in capsys.readouterr().err
+    assert "Not reranked" not in out.getvalue()
