@@ -49,6 +49,8 @@ FIT_POOLS = tuple(__import__("os").environ.get(
     "CALIBRATION_FIT_POOLS", "scifact-train,nfcorpus-train,nfcorpus-dev,cosqa-dev,docsqa-dev").split(","))
 TEST_POOLS = ("scifact-test", "nfcorpus-test", "cosqa-test", "docsqa-dev", "docsqa-test")
 TOP_K, CAP = 10, 3
+#: query_knowledge scores the first retrieval_candidates (50) fused hits, whatever top_k is.
+WINDOW = 50
 #: Relative weight of each collection's rows in the fit (each collection sums to its weight).
 SET_WEIGHT = {"nfcorpus": float(__import__("os").environ.get("CALIBRATION_NF_WEIGHT", "2.5"))}
 #: Judgment grade that counts as relevant (CALIBRATION_MIN_GRADE): 1, "judged relevant". Fitted on NFCorpus
@@ -85,8 +87,8 @@ def corpus_texts(name: str) -> dict[str, str]:
     return out
 
 
-def fused_order(rec: dict, mode: str):
-    """(docs, dense, keyword, fused) of the top hits as query_knowledge returns them (cap per document)."""
+def fused_order(rec: dict, mode: str, top_k: int = None):
+    """(docs, dense, keyword, fused) of the first `top_k` (default TOP_K) fused hits, cap per document."""
     from research_agent.search.retrieve import fusion_scores
 
     docs, d, k = pool_arrays(rec)
@@ -98,7 +100,7 @@ def fused_order(rec: dict, mode: str):
         if seen.get(docs[i], 0) < CAP:
             seen[docs[i]] = seen.get(docs[i], 0) + 1
             keep.append(i)
-        if len(keep) == TOP_K:
+        if len(keep) == (top_k or TOP_K):
             break
     dense = None if mode == "keyword" else d
     kw = None if mode == "semantic" else k
@@ -147,34 +149,40 @@ def fit(pools: dict[str, list[dict]]) -> dict:
     return models
 
 
+def shown(rec: dict, mode: str, params: dict) -> tuple[list[str], list[float]]:
+    """The top-10 documents and scores as query_knowledge shows them: scored over a WINDOW of fused hits that
+    does not depend on top_k, sorted by probability in SORTED_MODES, pooled (descending) in hybrid."""
+    docs, dense, kw, fused = fused_order(rec, mode, WINDOW)
+    texts = [corpus_texts(rec["set"]).get(doc) for doc in docs]
+    own = calibration.probabilities(mode, dense, kw, fused, params, query=rec["query"], texts=texts)
+    if mode in calibration.SORTED_MODES:
+        order = sorted(range(len(docs)), key=lambda i: -own[i])[:TOP_K]
+        return [docs[i] for i in order], [own[i] for i in order]
+    return docs[:TOP_K], calibration.descending(own)[:TOP_K]
+
+
 def predictions(recs: list[dict], mode: str, params: dict, min_grade: int = 1) -> tuple[np.ndarray, np.ndarray]:
     ps, ys = [], []
     for r in recs:
-        docs, dense, kw, fused = fused_order(r, mode)
-        texts = [corpus_texts(r["set"]).get(doc) for doc in docs]
-        shown = calibration.probabilities if mode in calibration.SORTED_MODES else calibration.calibrated_scores
-        ps += shown(mode, dense, kw, fused, params, query=r["query"], texts=texts)  # as query_knowledge shows
+        docs, scores = shown(r, mode, params)
+        ps += scores
         ys += [1 if r["qrels"].get(doc, 0) >= min_grade else 0 for doc in docs]
     return np.array(ps), np.array(ys)
 
 
 def order_study(params: dict) -> None:
-    """nDCG@10 of the returned order (fused, probabilities capped) vs the hits sorted by their calibrated
-    probability (ties in fused order), per mode, on the dev and test pools (issue 12: sort or cap?)."""
+    """nDCG@10 of the fused top 10 against what query_knowledge returns (sorted by probability over the
+    scoring window in SORTED_MODES), per mode, on the dev and test pools."""
     from fusion_study import ndcg10
 
-    print("| set | " + " | ".join(f"{m} fused / sorted" for m in MODES) + " |")
+    print("| set | " + " | ".join(f"{m} fused / shown" for m in MODES) + " |")
     for name in ("nfcorpus-dev", "cosqa-dev", *TEST_POOLS):
         recs, cells = load(*name.split("-")), []
         for m in MODES:
             fused = by_p = 0.0
             for r in recs:
-                docs, dense, kw, f = fused_order(r, m)
-                texts = [corpus_texts(r["set"]).get(doc) for doc in docs]
-                ps = [calibration.probability(m, row, params)
-                      for row in calibration.hit_features(dense, kw, f, r["query"], texts)]
-                fused += ndcg10(docs, r["qrels"])
-                by_p += ndcg10([docs[i] for i in sorted(range(len(docs)), key=lambda i: -ps[i])], r["qrels"])
+                fused += ndcg10(fused_order(r, m)[0], r["qrels"])
+                by_p += ndcg10(shown(r, m, params)[0], r["qrels"])
             cells.append(f"{fused / len(recs):.4f} / {by_p / len(recs):.4f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
 

@@ -24,6 +24,24 @@ import threading
 from collections import Counter
 from typing import Any
 
+# -- clean input --------------------------------------------------------------------------------------
+#: A lone UTF-16 surrogate: what Python makes of undecodable bytes (argv and stdin use surrogateescape, so
+#: `caf\xe9` in Latin-1 arrives as "caf\udce9") and what a JSON "\udcff" escape decodes to. It cannot be
+#: encoded as UTF-8, so PyStemmer raised TypeError and Chroma UnicodeEncodeError (exit 1, "Unexpected failure").
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD, as a UTF-8 decoder with errors="replace" would.
+
+    Why here: every face (CLI argv and stdin, MCP JSON) can hand the library such a string, and the tokenizers,
+    the embedder and Chroma all need text that encodes as UTF-8. ASCII text (most of it) returns at once.
+    """
+    if text.isascii():
+        return text
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
 # -- the stemmer ------------------------------------------------------------------------------------
 _local = threading.local()
 

@@ -281,3 +281,27 @@ def test_refinement_never_says_a_merely_somewhat_relevant_answer_matches_well(is
     assert "somewhat" in partial.message.lower()
     strong = query.refine("banana bread recipe ideas", hits(0.62, 0.1), s)
     assert strong.message == "The top results match the query well."
+
+
+def _scored(res) -> list[tuple[str, float, str]]:
+    return [(h.metadata["chunk_id"], h.relevance_score, h.relevance_label) for h in res.results]
+
+
+@pytest.mark.parametrize("mode", query.QUERY_MODES)
+def test_a_hits_score_does_not_depend_on_top_k(fake_kb, mode):
+    """An outside tester found the right section at 0.185 "Not Relevant" with --top-k 1 and 0.478 with
+    --top-k 5: hybrid scores were pooled over the returned list only. They are computed over a window that
+    does not depend on top_k (the first retrieval_candidates fused hits)."""
+    for q in QUERIES:
+        full = _scored(query.query_knowledge(fake_kb, q, collections=["docs"], mode=mode, rerank=False, top_k=10))
+        for k in (1, 2, 3, 5):
+            part = _scored(query.query_knowledge(fake_kb, q, collections=["docs"], mode=mode, rerank=False, top_k=k))
+            assert part == full[:k], (q, k)
+
+
+@pytest.mark.slow
+def test_a_hits_score_does_not_depend_on_top_k_on_the_real_model(real_kb):
+    for q in ("how do I configure the port", "how do we deploy?", "what does the timeout setting do"):
+        full = _scored(query.query_knowledge(real_kb, q, collections=["docs"], rerank=False, top_k=5))
+        for k in (1, 2, 3):
+            assert _scored(query.query_knowledge(real_kb, q, collections=["docs"], rerank=False, top_k=k)) == full[:k]

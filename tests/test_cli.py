@@ -286,7 +286,7 @@ def test_query_errors_exit_6():
     cli_json("collections", "create", "empty")
     error = cli_error(6, "query", "   ")
     assert error["code"] == -32004 and error["type"] == "QueryError"
-    cli_error(6, "query", "ok", "--top-k", "0")
+    cli_error(6, "query", "ok", "--top-k", "5000")  # above settings.max_top_k; 0 is a usage error (exit 2)
 
 
 def test_human_error_goes_to_stderr_with_guidance():

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from research_agent.catalog import projects
 from research_agent.catalog.common import Deleted, now_iso, paginate
 from research_agent.errors import CollectionError
+from research_agent.storage.store import validate_name
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -31,6 +32,13 @@ class CollectionInfo(BaseModel):
     document_count: int
     chunk_count: int
     created_at: str
+
+
+class CollectionCreated(CollectionInfo):
+    """ensure_collection's answer: the collection, whether this call created it, and what it did not change."""
+
+    created: bool
+    warnings: list[str] = []
 
 
 class CollectionList(BaseModel):
@@ -90,6 +98,9 @@ def _check_type(type: str) -> None:
 def create_collection(c: Container, name: str, type: str = "project-specific", description: str = "",
                       project: str | None = None) -> CollectionInfo:
     """Create an empty collection (and link it to `project` when given)."""
+    # First, before any lookup: an invalid name (a lone surrogate from undecodable argv) reached a Chroma
+    # where-clause through the records clean-up below and failed as "Unexpected failure" (exit 1).
+    validate_name(name)
     _check_type(type)
     if project:
         projects.require_project(c, project)
@@ -110,6 +121,38 @@ def create_collection(c: Container, name: str, type: str = "project-specific", d
     if project:
         projects.link_collections(c, project, [name])
     return get_collection_info(c, name)
+
+
+def ensure_collection(c: Container, name: str, type: str | None = None, description: str | None = None,
+                      project: str | None = None, *, exist_ok: bool = False) -> CollectionCreated:
+    """Create the collection; with exist_ok an existing one answers instead (a CI job's idempotent step).
+
+    What was asked is never ignored silently: `project` links the existing collection (a missing project is
+    the same error as without exist_ok), another `type` is a CollectionError naming both (chunking and
+    discovery treat the types differently, so it cannot be changed in place), and another `description` keeps
+    the existing one with a warning (a re-run of a job must not rewrite what a person set). Create first and
+    look up on failure, so a job racing another one still succeeds.
+    """
+    try:
+        info = create_collection(c, name, type=type or "project-specific", description=description or "",
+                                 project=project)
+        return CollectionCreated(**info.model_dump(), created=True)
+    except CollectionError:
+        if not exist_ok or not c.store.has_collection(name):
+            raise  # not there after all (an invalid name, a missing project): the creation error explains it
+    existing = get_collection_info(c, name)
+    if type and type != existing.type:
+        raise CollectionError(f"Collection {name!r} exists with type {existing.type!r}, not {type!r}",
+                              guidance="Leave the type out to use it as it is, or pick another name: a type is fixed "
+                                       "at creation.", collection=name)
+    warnings = []
+    if description and description != existing.description:
+        warnings.append(f"Collection {name!r} exists with the description {existing.description!r}; it was kept "
+                        f"(not changed to {description!r}).")
+    if project and project not in existing.projects:
+        projects.link_collections(c, project, [name])
+        existing = get_collection_info(c, name)
+    return CollectionCreated(**existing.model_dump(), created=False, warnings=warnings)
 
 
 def list_collections(c: Container, type: str | None = None, project: str | None = None, *,
@@ -150,6 +193,7 @@ def delete_collection(c: Container, name: str) -> Deleted:
     records without a collection: running the delete again finishes it, and `create_collection` clears
     them too, so a new collection of that name never inherits them.
     """
+    validate_name(name)  # before the records' where-clause, which Chroma rejects for a lone surrogate
     c.store.refresh()
     with c.store.write_lock():
         if c.store.has_collection(name):

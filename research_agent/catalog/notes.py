@@ -10,6 +10,7 @@ from research_agent.catalog.collections import now_iso, open_collection
 from research_agent.errors import DocumentError
 from research_agent.ingest.prepare import PreparedDocument, chunk_parsed, content_hash, document_key
 from research_agent.ingest.service import recover_if_needed, write_documents
+from research_agent.text import clean_text
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -28,6 +29,11 @@ class AugmentResult(BaseModel):
 MAX_RESEARCH_CHARS = 2_000_000
 
 
+def _clean(text: str | None) -> str | None:
+    """Text without lone surrogates (clean_text): Chroma raised UnicodeEncodeError on a source of "\udcff"."""
+    return clean_text(text) if isinstance(text, str) else text
+
+
 def add_research(c: Container, collection: str, content: str, source: str, title: str | None = None,
                  kind: str = "research") -> AugmentResult:
     """Store research text (Markdown) with its source; the same content from the same source is stored once."""
@@ -40,6 +46,7 @@ def add_research(c: Container, collection: str, content: str, source: str, title
                             guidance="Split it into several pieces.")
     if not isinstance(source, str) or not source.strip():
         raise DocumentError("The source is empty", guidance="Pass --source with a URL or citation.")
+    content, source, title = _clean(content), _clean(source), _clean(title)
     c.store.refresh()
     open_collection(c, collection)
     # An "unchanged" answer writes nothing, so a write of this very text killed after its manifest flipped
@@ -69,7 +76,8 @@ def add_note(c: Container, collection: str, content: str, title: str, source: st
     if not isinstance(title, str) or not title.strip():
         raise DocumentError("A note needs a title", guidance="Pass --title.")
     document = f"note:{uuid.uuid4().hex[:12]}"
-    return _write_note(c, collection, document, content, title.strip(), source or document, status="added")
+    return _write_note(c, collection, document, content, _clean(title.strip()), _clean(source) or document,
+                       status="added")
 
 
 def update_note(c: Container, collection: str, document: str, content: str, title: str | None = None) -> AugmentResult:
@@ -81,7 +89,7 @@ def update_note(c: Container, collection: str, document: str, content: str, titl
     if found.get("kind") != "note":
         raise DocumentError(f"{document!r} is a {found.get('kind')}, not a note",
                             guidance="Only notes are updated in place; re-ingest files with kb add-document.")
-    return _write_note(c, collection, found["document"], content, title or found["title"], found["source"],
+    return _write_note(c, collection, found["document"], content, _clean(title) or found["title"], found["source"],
                        status="updated")
 
 
@@ -93,6 +101,7 @@ def _write_note(c: Container, collection: str, document: str, content: str, titl
         raise DocumentError("The note is empty", guidance="Pass --content TEXT, --file F or text on stdin.")
     if len(content) > MAX_RESEARCH_CHARS:
         raise DocumentError(f"The note has {len(content)} characters; the limit is {MAX_RESEARCH_CHARS}")
+    content = clean_text(content)
     c.store.refresh()
     open_collection(c, collection)
     chunks = chunk_parsed(c, parse_text(content, format="markdown", name=title), document, title)

@@ -12,8 +12,22 @@ from research_agent.cli.state import get_state
 app = typer.Typer(help="Create, list, inspect and delete collections.", no_args_is_help=True)
 
 CollectionType = Literal["fundamental", "project-specific"]
+
+
+def _check_limit(value: int | None) -> int | None:
+    """A limit out of 1..MAX_PAGE is a usage error (exit 2) like any bad option, not the library's QueryError
+    (exit 6); MAX_PAGE is imported here, not at module level, so `--help` never loads pydantic."""
+    if value is None:
+        return None
+    from research_agent.catalog.common import MAX_PAGE
+
+    if not 1 <= value <= MAX_PAGE:
+        raise typer.BadParameter(f"{value} is not in the range 1 to {MAX_PAGE}.")
+    return value
+
+
 # Paging of every list command (catalog/common.py paginate: keyset cursors, 100 a page by default).
-LIMIT = typer.Option(None, "--limit", min=1, help="Show at most this many (default 100).")
+LIMIT = typer.Option(None, "--limit", callback=_check_limit, help="Show at most this many (default 100).")
 CURSOR = typer.Option(None, "--cursor", help="Continue after the page that printed this cursor.")
 
 
@@ -21,13 +35,15 @@ CURSOR = typer.Option(None, "--cursor", help="Continue after the page that print
 def create_command(
     ctx: typer.Context,
     name: str = typer.Argument(..., metavar="NAME", help="Collection name (3-512 of a-z A-Z 0-9 . _ -)."),
-    type: CollectionType = typer.Option("project-specific", "--type", help="Collection type."),
-    project: Optional[str] = typer.Option(None, "--project", help="Link the new collection to this project."),
-    description: str = typer.Option("", "--description", help="What the collection holds."),
-    exist_ok: bool = typer.Option(False, "--exist-ok", help="If it exists already, show it (unchanged) instead "
-                                                            "of failing."),
+    type: Optional[CollectionType] = typer.Option(None, "--type", show_default=False,
+                                                  help="Collection type (default: project-specific)."),
+    project: Optional[str] = typer.Option(None, "--project", help="Link the collection to this project."),
+    description: Optional[str] = typer.Option(None, "--description", help="What the collection holds."),
+    exist_ok: bool = typer.Option(False, "--exist-ok", help="If it exists already, use it: link it to --project; "
+                                                            "another --type fails, another --description is kept "
+                                                            "with a warning."),
 ) -> None:
-    """Create a collection.
+    """Create a collection (`created` in the JSON result says whether this run did).
 
     Examples:
 
@@ -36,28 +52,20 @@ def create_command(
       research-agent collections create api-docs --project web --exist-ok
     """
     state = get_state(ctx)
-    info = create(state.container(), name, type=type, description=description, project=project,
-                  exist_ok=exist_ok)
+    info = create(state, name, type=type, description=description, project=project, exist_ok=exist_ok)
     render.emit(state, info, render.collection_info)
 
 
-def create(c: Any, name: str, *, type: str, description: str = "", project: str | None = None,
+def create(state: Any, name: str, *, type: str | None, description: str | None = None, project: str | None = None,
            exist_ok: bool = False) -> Any:
-    """Create the collection; with exist_ok an existing one is returned as it is (a CI job's idempotent step).
-    Create first and look up on failure, so a job racing another one still succeeds."""
-    from research_agent.catalog.collections import create_collection, get_collection_info
-    from research_agent.errors import CollectionError
+    """ensure_collection, its warnings (a kept description) on stderr for people; --json carries them."""
+    from research_agent.catalog.collections import ensure_collection
 
-    try:
-        return create_collection(c, name, type=type, description=description, project=project)
-    except CollectionError:
-        if not exist_ok:
-            raise
-        try:
-            return get_collection_info(c, name)
-        except CollectionError:
-            pass  # not there after all (an invalid name, say): the creation error is the one that explains it
-        raise
+    info = ensure_collection(state.container(), name, type=type, description=description, project=project,
+                             exist_ok=exist_ok)
+    if not state.json:
+        render.warn(info.warnings)
+    return info
 
 
 @app.command("list")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +11,7 @@ import typer
 
 from research_agent.cli import render
 from research_agent.cli.collections import CURSOR, LIMIT, CollectionType, create as create_collection
+from research_agent.cli.inputs import read_stdin
 from research_agent.cli.state import get_state
 
 app = typer.Typer(help="Add, list, remove and reindex the documents in a collection.", no_args_is_help=True)
@@ -56,8 +56,11 @@ def add_folder(
     prune: bool = typer.Option(False, "--prune", help="Remove documents whose files are gone from the folder."),
     strict: bool = typer.Option(False, "--strict", help="Fail (exit 5) if any file is skipped or fails."),
     create: bool = typer.Option(False, "--create", help="Create the collection if it does not exist."),
-    type: CollectionType = typer.Option("project-specific", "--type", help="With --create: the new collection's type."),
-    description: str = typer.Option("", "--description", help="With --create: what the new collection holds."),
+    type: Optional[CollectionType] = typer.Option(None, "--type", show_default=False,
+                                                  help="With --create: the new collection's type (default: "
+                                                       "project-specific)."),
+    description: Optional[str] = typer.Option(None, "--description",
+                                              help="With --create: what the new collection holds."),
 ) -> None:
     """Ingest a folder: new and changed files are (re)indexed, unchanged ones skipped.
 
@@ -71,14 +74,27 @@ def add_folder(
 
     if path.is_file():
         raise typer.BadParameter(f"{path} is a file; use `kb add-document`", param_hint="'PATH'")
+    if (type is not None or description is not None) and not create:
+        # Without --create they were ignored silently: an existing collection keeps its own type.
+        raise typer.BadParameter("--type and --description describe a new collection; pass --create too",
+                                 param_hint="'--create'")
     state = get_state(ctx)
     c = state.container()
     if create:
-        create_collection(c, collection, type=type, description=description, exist_ok=True)
+        _require_path(path)  # a typo left an empty collection behind (exit 5 after creating it)
+        create_collection(state, collection, type=type, description=description, exist_ok=True)
     with render.ingest_progress(state) as progress, _suggest_create(c, collection, create):
         report = ingest_path(c, path, collection, recursive=recursive, include=include,
                              exclude=exclude, prune=prune, strict=strict, progress=progress)
     render.emit(state, report, render.ingest_report)
+
+
+def _require_path(path: Path) -> None:
+    from research_agent.errors import DocumentError
+
+    if not path.exists():
+        raise DocumentError(f"No such file or folder: {path}", path=str(path)[:200],
+                            guidance="Check the path; no collection was created.")
 
 
 @contextmanager
@@ -105,7 +121,7 @@ def _research_text(content: str | None, file: Path | None, stdin: str | None) ->
         raise typer.BadParameter(f"unexpected argument {stdin!r}; only - (read stdin) is accepted",
                                  param_hint="'-'")
     if stdin is not None or str(file) == "-":
-        return sys.stdin.read()
+        return read_stdin()
     if file is not None:
         try:
             return file.read_text(encoding="utf-8")

@@ -18,6 +18,7 @@ from typer._click.exceptions import UsageError
 from typer.core import TyperGroup
 
 from research_agent.cli import collections, discover, doctor, eval, kb, projects, query, serve, status
+from research_agent.cli.inputs import decode_args
 from research_agent.cli.state import CliState, get_state
 
 log = logging.getLogger("research_agent.cli")
@@ -30,6 +31,9 @@ JSON_REQUESTED = "research_agent.json_requested"
 USAGE_ERROR_CODE = -32602
 #: The status of a Unix tool killed by SIGPIPE (128 + 13) when its reader went away (`| head`).
 BROKEN_PIPE_EXIT = 141
+#: Columns of `--help` written to a pipe or file: the longest option line of ours (~190 characters with its
+#: columns) fits, and the help panels, which span the whole width, stay readable.
+PIPED_HELP_WIDTH = 200
 
 
 def json_requested(args: list[str]) -> bool:
@@ -65,6 +69,34 @@ def _leaf_commands(group: Any) -> Iterator[Any]:
             yield from _leaf_commands(command)
         else:
             yield command
+
+
+def _sub_groups(group: Any) -> Iterator[Any]:
+    for command in group.commands.values():
+        if hasattr(command, "commands"):
+            yield command
+            yield from _sub_groups(command)
+
+
+def _no_help_for_missing_commands(root: Any) -> None:
+    """Under --json, `collections` alone is the usage error "Missing command." (one JSON line on stderr), not
+    its help on stdout beside an error with an empty message: typer's help prints itself while the error is
+    being built (click's NoArgsIsHelpError). The command tree is built afresh for every run of the app."""
+    for group in _sub_groups(root):
+        group.no_args_is_help = False
+
+
+def _wide_piped_help() -> None:
+    """Help to a pipe or file at PIPED_HELP_WIDTH columns instead of Rich's 80, so `--help | grep` finds whole
+    sentences; a terminal keeps its own width, and TERMINAL_WIDTH (docs generation) wins over both."""
+    if os.environ.get("TERMINAL_WIDTH"):
+        return
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if sys.stdout.isatty():
+            return
+    from typer import rich_utils
+
+    rich_utils.MAX_WIDTH = PIPED_HELP_WIDTH
 
 
 def usage_error_exit(exc: UsageError) -> typer.Exit:
@@ -110,9 +142,15 @@ class ResearchAgentGroup(TyperGroup):
         super().__init__(*args, **kwargs)
         for command in _leaf_commands(self):
             command.params.append(_late_json_option())
+        for group in _sub_groups(self):  # `collections --json`: "No such option" before
+            group.params.append(_late_json_option())
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        args = decode_args(args)
         ctx.meta[JSON_REQUESTED] = json_requested(args)
+        _wide_piped_help()
+        if ctx.meta[JSON_REQUESTED]:
+            _no_help_for_missing_commands(self)
         try:
             return super().parse_args(ctx, args)
         except (BrokenPipeError, SystemExit) as exc:  # the root's --help or --version, to a closed pipe
@@ -168,11 +206,15 @@ app = typer.Typer(
 )
 
 
-def _version(value: bool) -> None:
+def _version(ctx: typer.Context, value: bool) -> None:
     if value:
         from research_agent import __version__
 
-        typer.echo(f"research-agent {__version__}")
+        # --version is eager (it runs before --json is parsed), so --json is read from the raw command line.
+        if ctx.meta.get(JSON_REQUESTED):
+            typer.echo(json.dumps({"version": __version__}))
+        else:
+            typer.echo(f"research-agent {__version__}")
         raise typer.Exit()
 
 

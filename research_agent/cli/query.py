@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Literal, Optional
 
 import typer
 
 from research_agent.cli import render
+from research_agent.cli.inputs import read_stdin
 from research_agent.cli.state import get_state, split_names
 
 
@@ -19,11 +19,12 @@ def query(
         None, "--collections", metavar="A,B", help="Comma-separated collections (default: all)."
     ),
     project: Optional[str] = typer.Option(None, "--project", help="Search this project's default collections."),
-    top_k: int = typer.Option(10, "--top-k", help="How many results."),
+    top_k: int = typer.Option(10, "--top-k", min=1, help="How many results."),
     document_context: Optional[str] = typer.Option(
         None, "--document-context", help="Text you are working on, to steer the ranking."
     ),
-    context_file: Optional[Path] = typer.Option(None, "--context-file", help="Read --document-context from a file."),
+    context_file: Optional[Path] = typer.Option(None, "--context-file",
+                                                help="Read --document-context from a file; - reads stdin."),
     mode: Literal["hybrid", "semantic", "keyword"] = typer.Option("hybrid", "--mode", help="Retrieval mode."),
     no_rerank: bool = typer.Option(False, "--no-rerank", help="Skip the cross-encoder reranker."),
     filter: list[str] = typer.Option(
@@ -33,7 +34,8 @@ def query(
         help="Only chunks whose KEY (content_type, kind, node_type, status, tags, "
         "...) is VALUE; a,b means any of them (repeatable).",
     ),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Stop adding results at this many tokens."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1,
+                                             help="Stop adding results at this many tokens."),
     snippets: bool = typer.Option(False, "--snippets", help="Return the most relevant excerpt of each chunk."),
 ) -> None:
     """Search the knowledge base.
@@ -44,16 +46,21 @@ def query(
 
       research-agent --json query "retry policy" --project web --top-k 5 --mode keyword
 
-      git diff | research-agent query - --no-rerank
+      git diff | research-agent query "why does the retry test fail" --context-file -
+
+      echo "retry policy" | research-agent query -
     """
     from research_agent.search.service import query_knowledge
 
     if collections is not None and project is not None:
         raise typer.BadParameter("pass either --collections or --project, not both", param_hint="'--project'")
     state = get_state(ctx)
+    if text == "-" and str(context_file) == "-":
+        raise typer.BadParameter("stdin can be read once: pass the query as TEXT or the context as a file",
+                                 param_hint="'--context-file'")
     context = _context(document_context, context_file)
     if text == "-":  # the query from a pipe or a here-document, as `kb add-research -` reads its content
-        text = sys.stdin.read().strip()
+        text = read_stdin().strip()
     result = state.read(query_knowledge, text, collections=split_names(collections), project=project,
                         top_k=top_k, document_context=context, mode=mode, rerank=not no_rerank,
                         filters=parse_filters(filter), max_tokens=max_tokens, snippets=snippets)
@@ -66,6 +73,8 @@ def _context(text: str | None, file: Path | None) -> str | None:
                                  param_hint="'--context-file'")
     if file is None:
         return text
+    if str(file) == "-":  # `git diff | research-agent query "..." --context-file -` ("Cannot read -" before)
+        return read_stdin()
     from research_agent.errors import DocumentError
 
     try:

@@ -41,6 +41,11 @@ def stderr() -> Console:
     return _console(stderr=True)
 
 
+def plural(n: int, word: str) -> str:
+    """`1 chunk`, `2 chunks`: the words of our summaries all take a plain s."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def emit(state: CliState, result: Any, human: Callable[[Console, Any], None]) -> None:
     """The single output path: the model's JSON shape for scripts, `human(console, result)` for people."""
     if state.json:
@@ -185,7 +190,7 @@ def collection_list(console: Console, result: Any) -> None:
 
 
 def deleted(console: Console, result: Any) -> None:
-    extra = f" ({result.chunks_removed} chunks removed)" if result.chunks_removed else ""
+    extra = f" ({plural(result.chunks_removed, 'chunk')} removed)" if result.chunks_removed else ""
     console.print(f"Deleted {result.kind} [bold]{escape(result.deleted)}[/bold]{extra}.")
 
 
@@ -208,8 +213,8 @@ def project_list(console: Console, result: Any) -> None:
 
 def ingest_report(console: Console, r: Any) -> None:
     console.print(f"[bold]{escape(r.collection)}[/bold]: {r.added} added, {r.updated} updated, "
-                  f"{r.unchanged} unchanged, {r.removed} removed; {r.chunks_written} chunks written "
-                  f"from {r.files_seen} files in {r.seconds:.1f} s.")
+                  f"{r.unchanged} unchanged, {r.removed} removed; {plural(r.chunks_written, 'chunk')} "
+                  f"written from {plural(r.files_seen, 'file')} in {r.seconds:.1f} s.")
     groups = (("skipped", "yellow", r.skipped), ("failed", "red", r.failed),
               ("ingested with warnings", "yellow", r.warnings), ("kept, not pruned", "cyan", r.not_pruned))
     for label, style, problems in groups:
@@ -241,7 +246,7 @@ def document_list(console: Console, result: Any) -> None:
 def augment_result(console: Console, r: Any) -> None:
     verb = {"added": "Added", "updated": "Updated"}.get(r.status, "Already stored:")
     console.print(f"{verb} [bold]{escape(r.title)}[/bold] in {escape(r.collection)} as {escape(r.document)} "
-                  f"({r.chunks_written} chunks written).")
+                  f"({plural(r.chunks_written, 'chunk')} written).")
 
 
 def _snippet(text: str, limit: int = 240) -> str:

@@ -10,12 +10,13 @@ test splits (SciFact 0.06-0.07, NFCorpus 0.03-0.07, CoSQA 0.07-0.19, docs-QA 0.1
 benchmarks/reliability.png. Parameters ship in calibration.json beside
 this module; scoring is a dot product and a sigmoid per hit (microseconds, no model).
 
-Scores never rise down the returned list. In SORTED_MODES the hits are sorted by their own probability
-(features taken in the retrieval order). Hybrid keeps the fused order, which ranks better (sorting cost
-0.021 nDCG@10 on CoSQA dev with this fit), and shows the closest non-increasing sequence to the model's
-estimates (`descending`, pooled adjacent violators). The running minimum used before let one weak hit at
-rank 3 print every later hit at its score: the quick start's best answer read "0.043 Not Relevant" (own
-estimate 0.16), like six others.
+Scores never rise down the returned list, and a hit's score does not depend on top_k: the scores are
+computed over the first `retrieval_candidates` (50) fused hits whatever top_k is (search/service.py
+`calibrated_order`). Keyword and hybrid keep the retrieval order, which ranks better (sorting keyword hits
+by probability over that window cost 0.008-0.010 nDCG@10 on CoSQA dev and SciFact test, 0.047 on docs-QA
+dev), and show the non-increasing sequence closest to the model's estimates (`descending`, pooled adjacent
+violators). The running minimum used before let one weak hit at rank 3 print every later hit at its score:
+the quick start's best answer read "0.043 Not Relevant" (own estimate 0.16), like six others.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from typing import Any, Sequence
 
 from research_agent.text import DISCOVERY_STOP_WORDS, keyword_words, stemmer
 
-#: Modes whose hits are returned sorted by their calibrated probability (ties in fused order), so the shown
-#: score is the model's own. nDCG@10 fused order -> sorted (`benchmarks/calibrate.py --order`; dev pools
-#: NFCorpus / CoSQA / docs-QA): semantic identical (the model is monotone in the cosine); keyword -0.0007,
-#: -0.0011, -0.048 (docs-QA: 20 questions; noted); hybrid +0.0017, -0.021, +0.012: hybrid keeps the fused
-#: order. Candidate for a setting.
-SORTED_MODES = frozenset({"semantic", "keyword"})
+#: Modes whose hits are returned sorted by their calibrated probability (ties in fused order). Semantic only:
+#: there the model is monotone in the cosine, so sorting changes nothing but guarantees the order. Keyword was
+#: sorted until its scores were computed over the 50-hit window: sorting that window cost nDCG@10 -0.008 CoSQA
+#: dev, -0.010 SciFact test, -0.047 docs-QA dev (`benchmarks/calibrate.py --order`), while keeping BM25's
+#: order with pooled scores has the same ECE (SciFact / NFCorpus / CoSQA / docs-QA test 0.084 / 0.055 /
+#: 0.090 / 0.087 against 0.090 / 0.047 / 0.097 / 0.105 sorted). Hybrid: sorting cost 0.021 on CoSQA dev.
+SORTED_MODES = frozenset({"semantic"})
 #: Features a model may use, computed per hit from its retrieval evidence.
 FEATURES = ("cosine", "bm25", "log_rank", "fused", "top_cosine", "top_bm25", "log_terms", "no_term", "coverage")
 _TERM = re.compile(r"\w+")

@@ -17,7 +17,7 @@ from research_agent.search import calibration
 from research_agent.search.filters import validate_filters
 from research_agent.search.refine import QueryRefinement, refine
 from research_agent.search.retrieve import Candidate, cap_per_document, retrieve_candidates
-from research_agent.text import snippet
+from research_agent.text import clean_text, snippet
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -55,12 +55,18 @@ def relevance_label(score: float, settings: Any) -> str:
 
 
 def validate_query(query: Any, settings: Any) -> str:
+    """The query, stripped, with lone surrogates replaced (clean_text: the tokenizers raised TypeError on them)."""
     if not isinstance(query, str) or not query.strip():
         raise QueryError("The query is empty", guidance="Ask a question or give search terms.")
     if len(query) > settings.max_query_chars:
         raise QueryError(f"The query has {len(query)} characters; the limit is {settings.max_query_chars}",
                          guidance="Shorten the query, or pass long text as --document-context.")
-    return query.strip()
+    return clean_text(query.strip())
+
+
+def validate_context(document_context: Any) -> str | None:
+    """document_context is tokenized and embedded like the query, so it gets the same cleaning."""
+    return clean_text(document_context) if isinstance(document_context, str) else document_context
 
 
 def resolve_collections(c: Container, collections: list[str] | None, project: str | None) -> list[str]:
@@ -109,36 +115,43 @@ def _rerank_scores(c: Container, query: str, pool: list[Candidate], timings: dic
     return scores
 
 
-def calibrated_order(c: Container, query: str, pool: list[Candidate], mode: str, use_rerank: bool,
-                     timings: dict[str, float], warnings: list[str]) -> list[float]:
-    """Sort `pool` in place into the returned order and give each its calibrated relevance probability.
+def calibrated_order(c: Container, query: str, window: list[Candidate], size: int, mode: str, use_rerank: bool,
+                     timings: dict[str, float], warnings: list[str]) -> tuple[list[Candidate], list[float]]:
+    """The returned pool (at most `size` hits, in order) and each hit's calibrated relevance probability.
 
-    Without a reranker the score is the calibrated probability of the hit's evidence (search/calibration.py,
-    features in the retrieval order); semantic and keyword hits are sorted by it (the shown score is the
-    model's own), hybrid keeps the fused order, which ranks better (calibration.SORTED_MODES), and shows the
-    nearest non-increasing scores (calibration.descending). With one, each candidate's score is the
-    position-aware blend of the cross-encoder's probability and that retrieval probability, and the pool is
-    sorted by it, so the score descends by construction and means the same with and without a reranker.
+    The scores are computed over `window`, the first fused hits up to a length that does not depend on
+    top_k, so a hit's score and label are the same whatever top_k is (an outside tester saw a right answer
+    at 0.185 "Not Relevant" with top_k 1 and 0.478 with top_k 5 when they were computed over the returned
+    hits only). Without a reranker the score is the calibrated probability of the hit's evidence
+    (search/calibration.py, features in the retrieval order); semantic and keyword windows are sorted by it
+    (the shown score is the model's own), hybrid keeps the fused order, which ranks better
+    (calibration.SORTED_MODES), and shows the nearest non-increasing scores (calibration.descending). With a
+    reranker, each of the first `size` candidates gets the position-aware blend of the cross-encoder's
+    probability and that retrieval probability, and the pool is sorted by it, so the score descends by
+    construction and means the same with and without a reranker.
     """
-    own = calibration.probabilities(mode, [x.dense for x in pool], [x.keyword for x in pool],
-                                    [x.fused for x in pool], query=query, texts=[x.text for x in pool])
+    own = calibration.probabilities(mode, [x.dense for x in window], [x.keyword for x in window],
+                                    [x.fused for x in window], query=query, texts=[x.text for x in window])
     retrieval = calibration.descending(own)
+    pool = window[:size]
     rerank_scores = _rerank_scores(c, query, pool, timings, warnings) if use_rerank and pool else None
     if rerank_scores is None:
-        return _sorted_by_probability(pool, own) if mode in calibration.SORTED_MODES else retrieval
+        if mode in calibration.SORTED_MODES:
+            ranked = _sorted_by_probability(list(window), own)
+            return ranked[0][:size], ranked[1][:size]
+        return pool, retrieval[:size]
     blended = {}
     for rank, (cand, p, r) in enumerate(zip(pool, retrieval, rerank_scores), start=1):
         cand.rerank = r
         blended[cand.id] = calibration.blend_rerank(p, r, rank)
-    pool.sort(key=lambda x: blended[x.id], reverse=True)
-    return [blended[x.id] for x in pool]
+    pool = sorted(pool, key=lambda x: blended[x.id], reverse=True)
+    return pool, [blended[x.id] for x in pool]
 
 
-def _sorted_by_probability(pool: list[Candidate], probs: list[float]) -> list[float]:
-    """Sort `pool` in place by probability, ties kept in fused order (a stable sort); the sorted scores."""
+def _sorted_by_probability(pool: list[Candidate], probs: list[float]) -> tuple[list[Candidate], list[float]]:
+    """`pool` sorted by probability, ties kept in fused order (a stable sort), and the sorted scores."""
     order = sorted(range(len(pool)), key=lambda i: -probs[i])
-    pool[:] = [pool[i] for i in order]
-    return [probs[i] for i in order]
+    return [pool[i] for i in order], [probs[i] for i in order]
 
 
 def _hits(c: Container, query: str, pool: list[Candidate], scores: list[float], *, snippets: bool,
@@ -183,6 +196,7 @@ def query_knowledge(c: Container, query: str, *, collections: list[str] | None =
     s = c.settings
     t0 = time.perf_counter()
     query = validate_query(query, s)
+    document_context = validate_context(document_context)
     mode = mode or "hybrid"
     _validate_arguments(mode, top_k, max_tokens, s)
     flt = validate_filters(filters)
@@ -197,8 +211,11 @@ def query_knowledge(c: Container, query: str, *, collections: list[str] | None =
     fused = cap_per_document(fused, cap)
     warnings: list[str] = []
     use_rerank = bool(rerank and s.rerank)
-    pool = fused[:n_rerank] if use_rerank else fused[:top_k]
-    scores = calibrated_order(c, query, pool, mode, use_rerank, timings, warnings)
+    # Scores are computed over a window that does not depend on top_k (hybrid's pooled scores and the sorted
+    # modes' order read the hits below), so a hit keeps its score whatever --top-k asks for.
+    window = fused[:max(s.retrieval_candidates, n_rerank if use_rerank else top_k)]
+    pool, scores = calibrated_order(c, query, window, n_rerank if use_rerank else top_k, mode, use_rerank, timings,
+                                    warnings)
     reranked = any(cand.rerank is not None for cand in pool)
     hits, used_tokens, truncated = _hits(c, query, pool[:top_k], scores, snippets=snippets, max_tokens=max_tokens)
     timings["total"] = (time.perf_counter() - t0) * 1000
@@ -212,7 +229,8 @@ def _validate_arguments(mode: str, top_k: Any, max_tokens: Any, settings: Any) -
     if mode not in QUERY_MODES:
         raise QueryError(f"Unknown mode {mode!r}", guidance=f"Use one of: {', '.join(QUERY_MODES)}.")
     if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= settings.max_top_k:
-        raise QueryError(f"top_k must be between 1 and {settings.max_top_k}", guidance="Pass a smaller --top-k.")
+        raise QueryError(f"top_k must be between 1 and {settings.max_top_k}",
+                         guidance=f"Pass a top_k from 1 to {settings.max_top_k}.")
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         raise QueryError("max_tokens must be a positive whole number", guidance="Pass e.g. --max-tokens 2000.")
 
