@@ -1,10 +1,11 @@
 """Header-aware chunker: sections, sizes and splits. The hybrid node format it reads is in nodes.py.
 
-Over 400 lines (~640): `_Chunker` is one ~340-line class whose size, split and emit steps share its token
+Over 400 lines (~700): `_Chunker` is one ~370-line class whose size, split and emit steps share its token
 budgets, counters and anchors; cutting it apart means threading that state through, left for later.
 
 Line ranges: `assign_lines` finds each chunk's words on the file's lines after chunking (line_start/line_end,
-1-based, front matter counted), for markdown, text and code.
+1-based, front matter counted), for markdown, text and code; a chunk whose text the front matter holds (the
+title/description of a file without body text) cites the front matter's lines, 1 to the closing `---`.
 
 Token estimate: one token per word or digit run, per punctuation mark and per underscore, plus one more
 per 8 characters of a long run. That tracks WordPiece/BPE counts (common words whole, long identifiers
@@ -12,7 +13,10 @@ split) within ~20 % on English prose and code, with no tokenizer import.
 
 Node ids: the `id` metadata field when given; otherwise "n-" + sha1(source + "\\n" + header_path)[:12],
 with "\\n" + occurrence number appended to the hashed string for the 2nd, 3rd ... header with the same
-path, so ids are stable across re-ingests and unique within a document.
+path, so ids are stable across re-ingests and unique within a document. A document that declares itself a node
+(front-matter `id`/`type`/`status`, or bullets before the first header) has a root node parenting its top-level
+headers; its one `#` heading, when nothing precedes it, is the root's own section (`_title_section`), and a
+root without text of its own gets a stub chunk so that it exists (`root_stub`).
 
 Hard bounds: every chunk holds at most `max_bytes` (MAX_CHUNK_BYTES) of UTF-8 and at most its token budget,
 counted by `count_tokens` (the embedder's own tokenizer when the caller passes it, else the estimate above).
@@ -177,6 +181,8 @@ def chunk_document(
         chunker.markdown(doc.text, doc.metadata)
     if doc.format in LINE_FORMATS:
         assign_lines(chunker.chunks, doc.text, doc.first_line, back=chunker.overlap_tokens)
+        for chunk in chunker.from_front_matter:  # its text is not in doc.text, which starts after the front matter
+            chunk.line_start, chunk.line_end = 1, max(chunk.line_end or 0, doc.first_line - 1)
     return chunker.chunks
 
 
@@ -265,6 +271,8 @@ class _Chunker:
         self._budgets: dict[str, int] = {}
         self._counted: dict[str, int] = {}
         self._fragments: set[str] = set()
+        #: Chunks opening with the front matter's title/description (outline, root stub): they cite its lines.
+        self.from_front_matter: list[Chunk] = []
 
     def node(self, header_path: str, meta: dict[str, Any] | None = None, parent_id: str | None = None) -> NodeFields:
         occurrence = self._path_counts.get(header_path, 0) + 1
@@ -488,44 +496,82 @@ class _Chunker:
     # -- markdown (also HTML and DOCX, which the parser converts to markdown) ----------------------
 
     def markdown(self, text: str, front_matter: dict[str, Any]) -> None:
+        """Sections to chunks. A document that declares itself a node (front-matter `id`/`type`/`status`, or
+        hybrid bullets before the first header) has a root node, the parent of its top-level headers; when no
+        text precedes its one `#` heading, that heading's section is the root's own (`_title_section`)."""
         sections = _sections(text)
+        preamble_meta, preamble = take_metadata(sections[0].items)
+        doc_meta = _document_meta(front_matter, preamble_meta)
+        title_at = _title_section(sections, doc_meta, preamble)
         stack: list[tuple[int, str, NodeFields]] = []  # (level, title, node) of enclosing headers
-        doc_node: NodeFields | None = None
-        top: NodeFields | None = None
-        for section in sections:
-            meta, items = take_metadata(section.items)
-            if section.level == 0:
-                doc_meta = {k.lower(): v for k, v in front_matter.items() if k.lower() in FRONT_MATTER_KEYS}
-                declared = meta is not None or bool(doc_meta)
-                node = top = self.node("", {**doc_meta, **(meta or {})})
-                # Only a document that declares itself a node becomes the parent of its top-level headers.
-                doc_node = node if declared else None
-                header_path, anchor = "", ""
+        root: NodeFields | None = None
+        stub: tuple[int, str, str, str] = (0, "", "", "")  # where the root's stub goes: chunk index, text, path, anchor
+        for i, section in enumerate(sections):
+            meta, items = (preamble_meta, preamble) if i == 0 else take_metadata(section.items)
+            if i == 0:
+                if title_at is not None:
+                    continue  # nothing but whitespace: the title section is the root
+                node = root = self.node("", doc_meta)
+                header_path, anchor, stub = "", "", (0, self.head_text(front_matter), "", "")
             else:
-                while stack and stack[-1][0] >= section.level:
-                    stack.pop()
-                header_path = " > ".join(t for t in [s[1] for s in stack] + [section.title] if t)
-                parent = stack[-1][2].id if stack else (doc_node.id if doc_node else None)
-                node = self.node(header_path, meta, parent)
-                stack.append((section.level, section.title, node))
-                anchor = self.anchor(section.title)
+                if i == title_at:
+                    meta = {**(doc_meta or {}), **(meta or {})}
+                # Only a document that declares itself a node becomes the parent of its top-level headers.
+                header_path, anchor, node = self.header_node(section, meta, stack,
+                                                             root if doc_meta is not None else None)
+                if i == title_at:
+                    root, stub = node, (len(self.chunks), section.header_line, header_path, anchor)
             before = len(self.chunks)
             self._section_body(items, section.header_line, header_path, node, anchor)
-            if len(self.chunks) == before and meta is not None and section.header_line:
+            if len(self.chunks) == before and meta is not None and section.header_line and i != title_at:
                 # A node with metadata but no content must still exist in the store for dependency queries.
                 self.emit(section.header_line, header_path=header_path, content_type="prose", language=None,
                           node=node, anchor=anchor)
-        if not self.chunks and top is not None:
-            self.outline(front_matter, [s.header_line for s in sections if s.title], top)
+        if not self.chunks and root is not None:
+            self.outline(front_matter, [s.header_line for s in sections if s.title], root)
+        elif doc_meta is not None and root is not None and not any(c.node is root for c in self.chunks):
+            self.root_stub(root, *stub)
+
+    def header_node(self, section: _Section, meta: dict[str, Any] | None, stack: list[tuple[int, str, NodeFields]],
+                    root: NodeFields | None) -> tuple[str, str, NodeFields]:
+        """(header path, anchor, node) of a header section; `stack` (the enclosing headers) is updated."""
+        while stack and stack[-1][0] >= section.level:
+            stack.pop()
+        header_path = " > ".join(t for t in [s[1] for s in stack] + [section.title] if t)
+        parent = stack[-1][2].id if stack else (root.id if root else None)
+        node = self.node(header_path, meta, parent)
+        stack.append((section.level, section.title, node))
+        return header_path, self.anchor(section.title), node
+
+    def root_stub(self, root: NodeFields, at: int, text: str, header_path: str, anchor: str) -> None:
+        """The declared root node's chunk when its section has no text of its own (a `# Root` heading followed
+        by `## Sub`, or front matter above several `#` sections): without one the node did not exist, so
+        `retrieve` missed its id and its children's parent_id dangled. Placed at the root's place in document
+        order, so line ranges are still found in order."""
+        before = len(self.chunks)
+        self.emit(text or cap_text(self.title or self.source, TITLE_MAX_CHARS), header_path=header_path,
+                  content_type="prose", language=None, node=root, anchor=anchor)
+        new = self.chunks[before:]
+        if new and not header_path and text:  # the front matter's title/description, not a heading
+            self.from_front_matter.append(new[0])
+        del self.chunks[before:]
+        self.chunks[at:at] = new
+
+    def head_text(self, front_matter: dict[str, Any]) -> str:
+        """The front matter's title and description (capped): the text a document's heading-less root shows."""
+        return "\n\n".join(cap_text(v, FIELD_MAX_CHARS) for k in ("title", "description")
+                           if (v := scalar(front_matter.get(k))))
 
     def outline(self, front_matter: dict[str, Any], header_lines: list[str], node: NodeFields) -> None:
         """A document of structure only (headings, a front-matter title or description) as one chunk of that
         text: a release checklist of four headings was "no text content", skipped, and its old version
         removed. Emitted only when nothing else made a chunk, so documents with a body are unchanged."""
-        head = [cap_text(v, FIELD_MAX_CHARS) for k in ("title", "description")
-                if (v := scalar(front_matter.get(k)))]
-        parts = head + (["\n".join(header_lines)] if header_lines else [])
+        head = self.head_text(front_matter)
+        parts = ([head] if head else []) + (["\n".join(header_lines)] if header_lines else [])
+        before = len(self.chunks)
         self.emit("\n\n".join(parts), header_path="", content_type="prose", language=None, node=node)
+        if head and len(self.chunks) > before:
+            self.from_front_matter.append(self.chunks[before])
 
     def block(self, text: str, content_type: str, language: str | None, lead: str, *, header_path: str,
               node: NodeFields, anchor: str) -> None:
@@ -582,6 +628,36 @@ class _Chunker:
                     prose_lines.append(value)
                 i += 1
         flush_prose()
+
+
+def _document_meta(front_matter: dict[str, Any], preamble_meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The root node's fields (front-matter FRONT_MATTER_KEYS, then the preamble's bullets); None when the
+    document does not declare itself a node."""
+    declared = {k.lower(): v for k, v in front_matter.items() if k.lower() in FRONT_MATTER_KEYS}
+    if preamble_meta is None and not declared:
+        return None
+    return {**declared, **(preamble_meta or {})}
+
+
+def _title_section(sections: list[_Section], doc_meta: dict[str, Any] | None,
+                   preamble: list[tuple[str, Any]]) -> int | None:
+    """The index of the section that is the declared root node's own: the file's only `#` heading when
+    nothing but whitespace (and metadata) precedes it, the usual layout of front matter then `# Title`. None
+    when the document declares no node, has text or no `#` first, has several `#` sections (each is then a
+    child of the root), or that heading names an id of its own other than the document's."""
+    if doc_meta is None or len(sections) < 2 or sections[1].level != 1 or _has_text(preamble):
+        return None
+    if sum(1 for s in sections if s.level == 1) != 1:
+        return None
+    own = take_metadata(sections[1].items)[0] or {}
+    if scalar(own.get("id")) and scalar(doc_meta.get("id")) and scalar(own.get("id")) != scalar(doc_meta.get("id")):
+        return None
+    return 1
+
+
+def _has_text(items: list[tuple[str, Any]]) -> bool:
+    """Whether section items hold anything but blank lines and `<!-- content -->` separators."""
+    return any(kind != "line" or (value.strip() and not CONTENT_SEPARATOR.match(value)) for kind, value in items)
 
 
 def _sections(text: str) -> list[_Section]:

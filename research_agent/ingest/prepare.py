@@ -145,8 +145,22 @@ def prepare_file(
     return PreparedDocument(
         document=document, title=doc_title, kind="document", source=document,
         content_hash=content_hash(raw + (title or "").encode()), chunks=chunks, path=str(path), extra=extra,
-        warnings=list(parsed.warnings),
+        warnings=list(parsed.warnings) + duplicate_id_warnings(chunks),
     )
+
+
+def duplicate_id_warnings(chunks: list[Any]) -> list[str]:
+    """One warning per explicit node id that several sections of the document give: discovery reads them as
+    one node with the first section's fields (a second `- id: spec` section's type was dropped silently)."""
+    sections: dict[str, list[str]] = {}
+    seen: set[int] = set()
+    for chunk in chunks:
+        if id(chunk.node) not in seen:  # the chunks of one section share their node object
+            seen.add(id(chunk.node))
+            sections.setdefault(chunk.node.id, []).append(chunk.header_path or "(before the first header)")
+    return [f"node id {nid!r} is given to {len(paths)} sections ({'; '.join(repr(p) for p in paths[:5])}); "
+            "they are read as one node with the first one's type and status: ids must be unique"
+            for nid, paths in sections.items() if len(paths) > 1]
 
 
 def chunk_metadata(collection: str, doc: PreparedDocument, chunk: Any, seq: int) -> dict[str, Any]:
