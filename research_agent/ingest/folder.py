@@ -3,6 +3,10 @@ and which document key a folder's files get.
 
 Every hostile entry (FIFO, device, socket, symlink loop, broken symlink, non-UTF-8 name, unreadable folder)
 becomes a per-entry problem with a reason, never an exception that ends the run (issue 11, items 7, 10, 12).
+
+Over 400 lines (~430) because the walk, the "is it really gone?" checks --prune relies on and the key a
+file gets read the same FolderWalk and manifests; the three parts are each under 150 lines and would split
+cleanly into walk / prune plan / keys if one grows.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ The write side's orchestration: write_documents (chunk ids, metadata and vectors
 storage/writer.py's protocol under the write lock), recovery before new work, ingest_path, prune_missing,
 remove_document and reindex_collection. Preparing a file is prepare.py; reading what was ingested is documents.py.
 
+Over 400 lines (~450): the report and progress models (~55 lines) stay with the four write paths that fill
+them (ingest, prune, remove, reindex); each path is a few short functions.
+
 The crash tests (tests/test_concurrency.py FAKE_CLI, RA_TEST_KILL_AT) replace the write steps by their names
 on this module (_write_intent, _clear_intent, _ensure_dimension, delete_chunks, delete_documents), so the
 steps stay names here and reach storage/writer.py through `_steps()`, read at each call.
