@@ -71,12 +71,12 @@ def decode_cursor(kind: str, cursor: str) -> str:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         data = json.loads(text)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):  # 100000 `[` overflow json's parser
         raise _bad_cursor(kind, cursor, "it is not a cursor this server returned") from None
     if not isinstance(data, dict) or data.get("v") != _CURSOR_VERSION or not isinstance(data.get("a"), str):
         raise _bad_cursor(kind, cursor, "it is not a cursor this server returned")
     if data.get("k") != kind:
-        raise _bad_cursor(kind, cursor, f"it belongs to the {data.get('k')!r} list")
+        raise _bad_cursor(kind, cursor, f"it belongs to the {str(data.get('k'))[:80]!r} list")
     return data["a"]
 
 

@@ -5,9 +5,11 @@
 - `job`: a long write (ingest, reindex): listed by get_status while it runs, reports MCP progress, and stops
   at its next file when the client cancels the request.
 
-All three wait for a running warm-up first (not counted toward the limit: it happens once per process), hold
-one of `max_concurrent_calls` slots, run the synchronous service in a worker thread inside a store session,
-and turn what it raised into a ToolFailure that research_agent/mcp/errors.py maps to a JSON-RPC error.
+All three run at once after the warm-up's store stage; a call whose service asks for a model while the warm-up
+still loads it is run again once the models are there (`Calls._attempts`). Waiting for the warm-up counts
+toward the time limit but holds no slot and no worker thread. Each run holds one of `max_concurrent_calls`
+slots, runs the synchronous service in a worker thread inside a store session, and turns what it raised into a
+ToolFailure that research_agent/mcp/errors.py maps to a JSON-RPC error.
 `Tool` also carries the tool's registration data, so a tool's name is written once: its function's name.
 """
 
@@ -28,7 +30,7 @@ from fastmcp.tools import FunctionTool, ToolResult
 
 from research_agent.container import Container
 from research_agent.mcp.errors import ToolFailure, call_timeout, invalid_params, to_tool_failure
-from research_agent.mcp.lifespan import ServerState
+from research_agent.mcp.lifespan import DEFER_MODELS, ModelsNotReady, ServerState
 from research_agent.mcp.params import lean_input, result_schema
 from research_agent.mcp.render import render
 
@@ -88,24 +90,53 @@ class Calls:
     async def _run(self, ctx: Context, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
                    timed: bool, job: dict[str, Any] | None = None) -> dict[str, Any]:
         st = state(ctx)
-        if not st.warmup.finished:
-            await anyio.to_thread.run_sync(st.warmup.wait)
         limit = st.call_timeout if timed and st.call_timeout > 0 else math.inf
+        warming = [False]  # whether the time is going on the warm-up (the -32005 message says so)
         try:
-            with anyio.move_on_after(limit) as scope:
-                async with st.limiter:  # waiting for a free slot counts toward the time limit
-                    if job is None:
-                        result = await anyio.to_thread.run_sync(partial(_in_session, st, fn, *args, **kwargs),
-                                                              abandon_on_cancel=timed)
-                    else:
-                        result = await _run_job(ctx, st, self.label, job, partial(fn, *args, **kwargs))
+            with anyio.move_on_after(limit) as scope:  # the warm-up wait counts toward the limit too
+                result = await self._attempts(ctx, st, partial(fn, *args, **kwargs), timed, job, warming)
             if scope.cancelled_caught:
-                raise ToolFailure(call_timeout(self.label, limit))
+                raise ToolFailure(call_timeout(self.label, limit, warming_up=warming[0]))
         except (ToolFailure, anyio.get_cancelled_exc_class()):
             raise
         except Exception as exc:
             raise to_tool_failure(exc, self.label) from exc
         return dump(result)
+
+    async def _attempts(self, ctx: Context, st: ServerState, call: Callable[..., Any], timed: bool,
+                        job: dict[str, Any] | None, warming: list[bool]) -> Any:
+        """The call, run at once (after the warm-up's store stage, ~1-2 s) and, if its service asked for a
+        model the warm-up is still loading, once more when the models are there.
+
+        Why: argument errors raised inside the services (an empty query, a path outside the allowed roots, an
+        unknown collection) waited 20 s behind a model load they never needed. Both waits poll in the event loop,
+        outside the concurrency limiter: a call waiting in a worker thread or holding a slot for a model load
+        starved the model-free calls behind it (45 queued queries: a collection list got -32005 after 72 s).
+        """
+        warming[0] = True
+        await st.warmup.until_store_ready()
+        warming[0] = False
+        try:
+            return await self._once(ctx, st, call, timed, job, defer=not st.warmup.models_ready)
+        except ModelsNotReady:
+            log.debug("%s waits for the model warm-up", self.label)
+        warming[0] = True
+        await st.warmup.until_models_ready()
+        warming[0] = False
+        return await self._once(ctx, st, call, timed, job, defer=False)
+
+    async def _once(self, ctx: Context, st: ServerState, call: Callable[..., Any], timed: bool,
+                    job: dict[str, Any] | None, *, defer: bool) -> Any:
+        """One run in a worker thread holding a concurrency slot; with `defer`, the service's first use of a
+        model raises ModelsNotReady (lifespan.py Warmup.gate_models) instead of blocking the slot."""
+        token = DEFER_MODELS.set(defer)  # copied into the worker thread's context by anyio
+        try:
+            async with st.limiter:  # waiting for a free slot counts toward the time limit
+                if job is None:
+                    return await anyio.to_thread.run_sync(partial(_in_session, st, call), abandon_on_cancel=timed)
+                return await _run_job(ctx, st, self.label, job, call)
+        finally:
+            DEFER_MODELS.reset(token)
 
 
 class Tool(Calls):
@@ -189,6 +220,12 @@ class _Progress:
             pass
 
 
+def _progress_value(report: Any) -> float:
+    """Files done, or while a batch is embedded files_progress (files done plus the share of the batch's chunks
+    embedded, ingest/service.py IngestProgress): one large file once showed 0 until it was written."""
+    return max(float(report.files_done), float(getattr(report, "files_progress", 0.0) or 0.0))
+
+
 async def _forward(ctx: Context, receive: Any, cancelled: threading.Event) -> None:
     """Send the latest report as an MCP progress notification, coalescing bursts, so a slow client never
     slows ingestion down; on cancellation set `cancelled` so the worker stops at its next report."""
@@ -201,11 +238,12 @@ async def _forward(ctx: Context, receive: Any, cancelled: threading.Event) -> No
                         report = receive.receive_nowait()
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
-                done, total = float(report.files_done), float(report.files_total or 0)
+                done, total = _progress_value(report), float(report.files_total or 0)
                 if done <= sent:
                     continue  # MCP requires each notification's progress to increase
                 sent = done
-                note = f"{report.stage}: {report.files_done}/{report.files_total} files, {report.chunks_done} chunks"
+                note = (f"{report.stage}: {done:g}/{report.files_total} files, "
+                        f"{report.chunks_done}/{report.chunks_total} chunks")
                 if report.current:
                     note += f" ({report.current})"
                 try:
@@ -228,7 +266,7 @@ async def _run_job(ctx: Context, st: ServerState, label: str, job: dict[str, Any
     job_id = uuid.uuid4().hex[:12]
     st.jobs[job_id] = {"id": job_id, "tool": label, **job, "started_at": time.time(), "progress": None}
     progress = _Progress(st, job_id, label, send, cancelled)
-    error: Exception | None = None
+    error: BaseException | None = None
     result: Any = None
     try:
         async with anyio.create_task_group() as tg:
@@ -236,7 +274,7 @@ async def _run_job(ctx: Context, st: ServerState, label: str, job: dict[str, Any
             try:
                 # Not abandoned on cancel: the request ends only when the worker has stopped writing.
                 result = await anyio.to_thread.run_sync(partial(_in_session, st, fn, progress=progress))
-            except Exception as exc:
+            except (Exception, ModelsNotReady) as exc:  # raised after the task group, not inside it
                 error = exc
             finally:
                 send.close()

@@ -10,6 +10,7 @@ message that says what to send instead.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,13 @@ log = logging.getLogger("research_agent.mcp")
 INVALID_PARAMS = -32602
 #: A tool call ran past its time limit (RESEARCH_AGENT_CALL_TIMEOUT); trying again may work.
 CALL_TIMEOUT = -32005
+#: The longest string an error echoes (message, each data value): a 1 MB document name made a 1 MB error and a
+#: 100 KB tool name a 200 KB one (outside test of 02b7f3e). 200 characters name anything a caller really sent.
+MAX_ECHO = 200
+#: The most items of a list an error carries (e.g. the tool names after an unknown tool: 14 today).
+MAX_ECHO_ITEMS = 20
+#: The longest error message as a whole: a message quoting several values stays within a few KB.
+MAX_MESSAGE = 2000
 
 
 class ToolFailure(ToolError):
@@ -36,11 +44,49 @@ class ToolFailure(ToolError):
         self.error = error
 
 
+def clip(text: str, limit: int = MAX_ECHO) -> str:
+    """`text` cut to `limit` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _clip_words(message: str) -> str:
+    """Every run of more than MAX_ECHO non-space characters in `message` cut (what an echoed value looks like:
+    a name, a path, a cursor), then the whole message to MAX_MESSAGE."""
+    return clip(re.sub(r"\S{%d,}" % (MAX_ECHO + 1), lambda m: clip(m.group()), message), MAX_MESSAGE)
+
+
+def _clip_value(value: Any, depth: int = 0) -> Any:
+    """A data value with its strings, lists and mappings bounded (nesting beyond 4 levels is dropped)."""
+    if isinstance(value, str):
+        return clip(value)
+    if depth >= 4:
+        return clip(repr(value))
+    if isinstance(value, (list, tuple)):
+        return [_clip_value(v, depth + 1) for v in list(value)[:MAX_ECHO_ITEMS]]
+    if isinstance(value, dict):
+        return {clip(str(k)): _clip_value(v, depth + 1) for k, v in list(value.items())[:MAX_ECHO_ITEMS]}
+    return value
+
+
 def coded(code: int, message: str, data: dict[str, Any]) -> MCPError:
     """The JSON-RPC error an MCP client gets: its guidance in MCP words (tool calls, not `research-agent`
-    commands) in data.guidance and after the message too, since some clients show only the message."""
+    commands) in data.guidance and after the message too, since some clients show only the message.
+
+    Every echoed value is capped here, the one place all errors pass (MAX_ECHO characters per value, MAX_MESSAGE
+    per message), so no error grows with its input whichever layer built it.
+    """
     guidance = for_face(str(data.get("guidance") or ""), "mcp")
-    return MCPError(code, with_guidance(message, guidance), {**data, "guidance": guidance})
+    return capped(MCPError(code, with_guidance(message, guidance), {**data, "guidance": guidance}))
+
+
+def capped(error: MCPError) -> MCPError:
+    """`error` with its message and data values bounded (guidance is ours and kept whole)."""
+    data = error.error.data
+    if isinstance(data, dict):
+        data = {k: v if k == "guidance" else _clip_value(v) for k, v in data.items()}
+    elif data is not None:
+        data = _clip_value(data)
+    return MCPError(error.error.code, _clip_words(error.error.message), data)
 
 
 def invalid_params(message: str, guidance: str, **data: Any) -> MCPError:
@@ -49,7 +95,14 @@ def invalid_params(message: str, guidance: str, **data: Any) -> MCPError:
                                            **data})
 
 
-def call_timeout(tool: str, seconds: float) -> MCPError:
+def call_timeout(tool: str, seconds: float, warming_up: bool = False) -> MCPError:
+    """-32005; when the time went on waiting for the server's own warm-up, the message says so instead of
+    telling the caller to narrow a request that never started."""
+    if warming_up:
+        return coded(CALL_TIMEOUT, f"{tool} did not start within {seconds:g} s: the server is still loading its "
+                     "models (warm-up)", {
+                         "type": "TimeoutError", "retryable": True, "timeout_seconds": seconds, "warmup": True,
+                         "guidance": "Retry the same call in a few seconds; get_status shows the warm-up state."})
     return coded(CALL_TIMEOUT, f"{tool} did not finish within {seconds:g} s", {
         "type": "TimeoutError", "retryable": True, "timeout_seconds": seconds,
         "guidance": "Narrow the request (fewer collections, smaller top_k) or retry; the server's limit is "
@@ -103,7 +156,16 @@ def describe_arguments(schema: dict[str, Any]) -> str:
     return " ".join(parts) or "This tool takes no arguments."
 
 
-def _validation_problems(exc: BaseException) -> list[dict[str, Any]]:
+def _doubled_alias(name: str, arguments: dict[str, Any]) -> str | None:
+    """"give only one of collection, collection_name" when `name` was refused because the caller also gave
+    another name of the same argument (pydantic takes one and calls the other an unexpected keyword)."""
+    from research_agent.mcp.params import ALIASES
+
+    given = [other for other in ALIASES.get(name, ()) if other in arguments]
+    return f"give only one of {', '.join(sorted({name, *given}))}" if given else None
+
+
+def _validation_problems(exc: BaseException, arguments: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     from pydantic import ValidationError as PydanticValidationError
 
     cause = exc.__cause__
@@ -112,7 +174,10 @@ def _validation_problems(exc: BaseException) -> list[dict[str, Any]]:
     problems = []
     for err in cause.errors(include_url=False):
         loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("arguments",))
-        problem: dict[str, Any] = {"argument": loc, "problem": err.get("msg", "invalid")}
+        message = err.get("msg", "invalid")
+        if err.get("type") == "unexpected_keyword_argument" and isinstance(arguments, dict):
+            message = _doubled_alias(loc, arguments) or message
+        problem: dict[str, Any] = {"argument": loc, "problem": message}
         if err.get("type") != "missing" and "input" in err:
             problem["got"] = repr(err["input"])[:80]
         problems.append(problem)
@@ -133,7 +198,7 @@ async def _sdk_error(exc: Exception, context: MiddlewareContext[Any]) -> MCPErro
         return invalid_params(f"Unknown tool {name!r}", f"Call one of: {', '.join(names)} (see tools/list).",
                               tool=name, tools=names)
     if isinstance(exc, ValidationError):
-        problems = _validation_problems(exc)
+        problems = _validation_problems(exc, getattr(context.message, "arguments", None))
         summary = "; ".join(f"{p['argument'] or 'arguments'}: {p['problem']}" + (f" (got {p['got']})" if 'got' in p
                                                                                  else "") for p in problems)
         guidance = "Send arguments matching the tool's inputSchema (tools/list)."
@@ -153,7 +218,7 @@ def to_mcp_error(exc: Exception, tool: str = "?") -> MCPError:
     chain = list(_causes(exc))
     for item in chain:
         if isinstance(item, MCPError):
-            return item
+            return capped(item)
         if isinstance(item, ResearchAgentError):
             return coded(item.code, item.message, item.data)
     root = chain[-1]
@@ -181,8 +246,8 @@ class ErrorMappingMiddleware(Middleware):
     async def _map(self, context: MiddlewareContext[Any], call_next: Any, what: str) -> Any:
         try:
             return await call_next(context)
-        except MCPError:
-            raise
+        except MCPError as exc:
+            raise capped(exc) from None
         except Exception as exc:
             sdk = await _sdk_error(exc, context) if what == "tool" else None
             if sdk is not None:
@@ -209,4 +274,5 @@ class ErrorMappingMiddleware(Middleware):
 
 
 __all__ = ["CALL_TIMEOUT", "INVALID_PARAMS", "ErrorMappingMiddleware", "ToolFailure", "argument_kind",
-           "call_timeout", "coded", "describe_arguments", "invalid_params", "to_mcp_error", "to_tool_failure"]
+           "call_timeout", "capped", "clip", "coded", "describe_arguments", "invalid_params", "to_mcp_error",
+           "to_tool_failure"]

@@ -22,15 +22,35 @@ log = logging.getLogger("research_agent.mcp")
 WARMUP_DELAY = 1.0
 #: Tools (and manage_documents actions) that never embed or rerank: they wait only for the warm-up's store stage
 #: (chromadb and numpy imported, ~1-2 s), not for the models (11-28 s measured in issue 15 for a first list,
-#: status or validation error). Every other call, resource and prompt waits for the whole warm-up as before.
+#: status or validation error), even if they touch one. Every other call, resource and prompt also starts after
+#: the store stage and waits for the models at its service's first use of one (Warmup.gate_models), so its
+#: argument errors come back at once too (they waited 23.7 s behind a 20 s model load).
 MODEL_FREE_TOOLS = frozenset({"manage_collections", "manage_projects", "get_status", "check_store",
                               "list_knowledge_bases", "retrieve_knowledge", "get_dependencies"})
 MODEL_FREE_DOCUMENT_ACTIONS = frozenset({"list", "get", "remove", "prune"})
 #: The longest /health waits for the warm-up's store stage before checking the store itself.
 HEALTH_STORE_WAIT = 30.0
+#: The longest /health's store check waits for a connect another thread has under way (docs/mcp.md promises an
+#: answer within ~30 s, "degraded" when the store does not answer; a connect itself is bounded by
+#: storage/store.py CONNECT_TIMEOUT).
+HEALTH_CHECK_WAIT = 10.0
+#: How often a call waiting for the warm-up looks at it (seconds). Waiting polls instead of blocking a worker
+#: thread: 45 calls blocked in threads took every one of anyio's 40, and a list queued behind them got -32005.
+WARMUP_POLL = 0.05
 
 #: Whether the call running in this context may need a model; set per tool call by LifecycleMiddleware.
 NEEDS_MODELS: ContextVar[bool] = ContextVar("research_agent_needs_models", default=True)
+#: Set by the call policy (calls.py) for a call's first run while the models still load: its first use of a
+#: model raises ModelsNotReady instead of blocking the worker thread and the call's concurrency slot.
+DEFER_MODELS: ContextVar[bool] = ContextVar("research_agent_defer_models", default=False)
+
+
+class ModelsNotReady(BaseException):
+    """A call asked for a model the warm-up is still loading. The call policy then waits for the warm-up
+    (outside the concurrency limit) and runs the call again; everything before a service's first use of a model
+    is checking arguments and reading, so the first run wrote nothing that matters twice. A BaseException so a
+    service's `except Exception` (one file's failure in an ingest, a reranker reported as unavailable) cannot take
+    it for an ordinary error."""
 
 
 def needs_models(tool: str, arguments: dict[str, Any] | None) -> bool:
@@ -47,10 +67,10 @@ class Warmup:
     """Loads the store client, then the embedding model and the reranker, once, in a background thread, after
     the handshake.
 
-    Calls wait for a running warm-up before they start (`wait`): the loaders in embeddings.py and rerank.py take
-    a lock and cache per process, so nothing loads twice anyway, but two threads importing numpy-based packages
-    at the same moment can fail with "partially initialized module" ImportErrors. A call that needs no model
-    (NEEDS_MODELS false in its context) waits only for the store stage: it imports nothing the model stage does.
+    Calls wait for the store stage (chromadb and numpy imported) before they start (`until_store_ready`), and for
+    the models only when their service first asks for one (`gate_models`): the loaders in embeddings.py and
+    rerank.py take a lock and cache per process, so nothing loads twice anyway, but two threads importing
+    numpy-based packages at the same moment can fail with "partially initialized module" ImportErrors.
     """
 
     def __init__(self, container: Container, enabled: bool) -> None:
@@ -67,22 +87,37 @@ class Warmup:
             self._done.set()
             self._store_ready.set()
 
-    def _stage(self) -> threading.Event:
-        return self._done if NEEDS_MODELS.get() else self._store_ready
+    @property
+    def store_ready(self) -> bool:
+        return self._store_ready.is_set()
 
     @property
-    def finished(self) -> bool:
-        """Whether the call in this context may start: the whole warm-up, or its store stage for a call that
-        needs no model."""
-        return self._stage().is_set()
+    def models_ready(self) -> bool:
+        return self._done.is_set()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until `finished` (start the warm-up now if its timer has not fired yet); False on timeout."""
-        stage = self._stage()
-        if not stage.is_set():
+    async def until(self, ready: threading.Event) -> None:
+        """Wait (in the event loop, no worker thread held) until `ready` is set; starts a pending warm-up."""
+        if not ready.is_set():
             self.start()
-            return stage.wait(timeout)
-        return True
+        while not ready.is_set():
+            await anyio.sleep(WARMUP_POLL)
+
+    async def until_store_ready(self) -> None:
+        await self.until(self._store_ready)
+
+    async def until_models_ready(self) -> None:
+        await self.until(self._done)
+
+    def gate_models(self) -> None:
+        """Called on every use of a model through the served container: the warm-up thread itself and calls
+        that need no model pass; a call's deferred first run raises ModelsNotReady; any other thread (a call's
+        second run, a helper pool) blocks until the warm-up is done, as every model call did before."""
+        if self._done.is_set() or threading.current_thread() is self.thread or not NEEDS_MODELS.get():
+            return
+        if DEFER_MODELS.get():
+            raise ModelsNotReady
+        self.start()
+        self._done.wait()
 
     def schedule(self, delay: float) -> None:
         with self._lock:
@@ -123,15 +158,44 @@ class Warmup:
                 self._timer.cancel()
 
 
+class ServedContainer(Container):
+    """The server's container: its models pass the warm-up's gate first (Warmup.gate_models), so a call asks for
+    the warm-up only when its service really touches a model, after its argument checks ran."""
+
+    warmup: Warmup | None = None
+
+    @classmethod
+    def adopt(cls, container: Container) -> ServedContainer:
+        """The same container (settings, store, locks) seen through the gate."""
+        container.store  # noqa: B018 - built once here, so both views share one Store (and one Chroma client)
+        served = cls.__new__(cls)
+        served.__dict__.update(container.__dict__)
+        return served
+
+    def _gate(self) -> None:
+        if self.warmup is not None:
+            self.warmup.gate_models()
+
+    @property
+    def embedder(self) -> Any:
+        self._gate()
+        return super().embedder
+
+    @property
+    def reranker(self) -> Any:
+        self._gate()
+        return super().reranker
+
+
 class ServerState:
     """Built by the lifespan, once per server run: container, limits, warm-up, running jobs, history writer."""
 
     def __init__(self, container: Container) -> None:
         s = container.settings
-        self.container = container
+        self.container = served = ServedContainer.adopt(container)
         self.limiter = anyio.CapacityLimiter(max(1, int(s.max_concurrent_calls)))
         self.call_timeout = float(s.call_timeout)
-        self.warmup = Warmup(container, bool(s.warmup))
+        self.warmup = served.warmup = Warmup(served, bool(s.warmup))
         self.jobs: dict[str, dict[str, Any]] = {}
         self._history = ThreadPoolExecutor(max_workers=1, thread_name_prefix="query-history")
         self._last_history: Future[Any] | None = None
@@ -164,7 +228,9 @@ class ServerState:
 
 
 def store_health(c: Container) -> tuple[bool, str | None]:
+    """Whether the store answers a heartbeat; a connect still under way after HEALTH_CHECK_WAIT is "no"."""
     try:
+        c.store.client_within(HEALTH_CHECK_WAIT / 2)  # the rest of the budget is for the heartbeat itself
         with c.store.session():
             c.store.client.heartbeat()
         return True, None
@@ -187,8 +253,8 @@ class LifecycleMiddleware(Middleware):
         return result
 
     async def on_call_tool(self, context: MiddlewareContext[Any], call_next: Any) -> Any:
-        """Mark whether this call may need a model; the call policies (calls.py) wait for the warm-up stage
-        `Warmup.finished` names in this context."""
+        """Mark whether this call may need a model: a model-free call never waits for the models, even when its
+        service touches one (Warmup.gate_models)."""
         message = context.message
         token = NEEDS_MODELS.set(needs_models(getattr(message, "name", ""), getattr(message, "arguments", None)))
         try:

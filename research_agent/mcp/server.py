@@ -18,7 +18,13 @@ from research_agent.config import Settings
 from research_agent.container import Container, build_container
 from research_agent.mcp import prompts, resources, stdio
 from research_agent.mcp.errors import ErrorMappingMiddleware
-from research_agent.mcp.lifespan import HEALTH_STORE_WAIT, NEEDS_MODELS, LifecycleMiddleware, ServerState, store_health
+from research_agent.mcp.lifespan import (
+    HEALTH_CHECK_WAIT,
+    HEALTH_STORE_WAIT,
+    LifecycleMiddleware,
+    ServerState,
+    store_health,
+)
 from research_agent.mcp.tools import collections, discovery, documents, operations, projects, search
 
 log = logging.getLogger("research_agent.mcp")
@@ -41,10 +47,10 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
         log.info("research-agent %s MCP server: store %s", __version__,
                  container.settings.chroma_host or container.settings.store)
         state = ServerState(container)
-        holder["store_kind"] = container.store.kind
+        holder["store_kind"] = state.container.store.kind
         holder["state"] = state
         try:
-            yield {"container": container, "state": state}
+            yield {"container": state.container, "state": state}
         finally:
             holder.pop("state", None)
             state.close()
@@ -71,12 +77,19 @@ def _add_health_route(server: FastMCP, holder: dict[str, Any]) -> None:
         if state is None:
             return JSONResponse({"status": "starting", "version": __version__,
                                  "store_kind": holder.get("store_kind"), "store_reachable": None})
-        token = NEEDS_MODELS.set(False)  # the store stage of the warm-up, never the models
-        try:
-            await anyio.to_thread.run_sync(state.warmup.wait, HEALTH_STORE_WAIT)
-        finally:
-            NEEDS_MODELS.reset(token)
-        reachable, error = await anyio.to_thread.run_sync(store_health, state.container)
+        # The store stage of the warm-up, never the models; with the check, within HEALTH_STORE_WAIT in all.
+        with anyio.move_on_after(HEALTH_STORE_WAIT - HEALTH_CHECK_WAIT):
+            await state.warmup.until_store_ready()
+        reachable, error = await _checked_store(state)
         return JSONResponse({"status": "ok" if reachable else "degraded", "version": __version__,
                              "store_kind": holder["store_kind"], "store_reachable": reachable,
                              "warmup": state.warmup.state, **({"store_error": error} if error else {})})
+
+
+async def _checked_store(state: ServerState) -> tuple[bool, str | None]:
+    """store_health in a worker thread with a deadline: past it the check is abandoned (it ends on its own within
+    storage/store.py CONNECT_TIMEOUT) and the store reported unreachable, so /health answers within
+    HEALTH_STORE_WAIT (30 s) whatever the store does."""
+    with anyio.move_on_after(HEALTH_CHECK_WAIT):
+        return await anyio.to_thread.run_sync(store_health, state.container, abandon_on_cancel=True)
+    return False, "StoreUnavailableError"

@@ -25,6 +25,14 @@ from research_agent.storage.swaps import BACKUP_PREFIX, SwapMixin, swap_target
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
+#: Seconds a Chroma server gets to answer the connect probe (and to accept any later connection). chromadb 1.5.9's
+#: HttpClient builds its httpx.Client with timeout=None and takes no timeout setting, and its constructor already
+#: sends requests: a server that accepted and never answered hung the connect, and everything behind
+#: `_connect_lock` (/health, every read), for 700 s. A healthy local server answers a heartbeat in milliseconds.
+CONNECT_TIMEOUT = 5.0
+#: Seconds any one request to a Chroma server may wait for its answer once connected (set on chromadb's httpx
+#: session): far above a slow query on a large collection, yet a server that stops answering frees the thread.
+REQUEST_TIMEOUT = 120.0
 _NAME_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9._-]{1,510})[a-zA-Z0-9]$")
 MAX_NAMES = 500  # collection names accepted in one call
 
@@ -82,6 +90,16 @@ class _ServerGuard:
             return result
 
         return call
+
+
+def _bound_requests(client: Any) -> None:
+    """Give chromadb's httpx session (built with timeout=None) a REQUEST_TIMEOUT read deadline and a
+    CONNECT_TIMEOUT connect one; a chromadb without that private attribute keeps its own behaviour."""
+    import httpx
+
+    session = getattr(getattr(client, "_server", None), "_session", None)
+    if isinstance(session, httpx.Client):
+        session.timeout = httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT)
 
 
 def unreachable(location: str, exc: BaseException) -> StoreUnavailableError:
@@ -142,8 +160,10 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
         s = self.settings
         if s.server_mode:
             try:
+                self._probe()
                 client = chromadb.HttpClient(host=s.chroma_host, port=s.chroma_port, ssl=s.chroma_ssl,
                                              settings=chroma_settings)
+                _bound_requests(client)
                 client.heartbeat()
             except Exception as exc:
                 raise unreachable(self.location, exc) from None
@@ -154,6 +174,25 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
             return chromadb.PersistentClient(path=str(s.store), settings=chroma_settings)
         except OSError as exc:
             raise self._unopenable(exc) from None
+
+    def _probe(self) -> None:
+        """One heartbeat with a CONNECT_TIMEOUT deadline before chromadb's own (unbounded) requests: a server
+        that does not answer it is unreachable now, not a hang. Any HTTP answer will do (chromadb judges it)."""
+        import httpx
+
+        httpx.get(f"{self.location}/api/v2/heartbeat", timeout=CONNECT_TIMEOUT)
+
+    def client_within(self, seconds: float) -> Any:
+        """`client`, or StoreUnavailableError when another thread is still connecting after `seconds`: /health
+        must answer while a connect is under way, never queue behind it."""
+        if self._client is not None:
+            return self._client
+        if not self._connect_lock.acquire(timeout=seconds):
+            raise unreachable(self.location, TimeoutError(f"still connecting after {seconds:g} s"))
+        try:
+            return self.client
+        finally:
+            self._connect_lock.release()
 
     def _make_store_dir(self) -> None:
         try:
@@ -288,4 +327,4 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
         col.modify(name=name)
 
 
-__all__ = ["MAX_NAMES", "SCHEMA_VERSION", "Store", "unreachable", "validate_name"]
+__all__ = ["CONNECT_TIMEOUT", "MAX_NAMES", "REQUEST_TIMEOUT", "SCHEMA_VERSION", "Store", "unreachable", "validate_name"]
