@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Callable, Literal
 
 Face = Literal["cli", "mcp"]
 
@@ -66,6 +66,26 @@ EQUIVALENTS = (
 )
 
 MCP_TOOLS = tuple(dict.fromkeys(e.tool for e in EQUIVALENTS))
+
+#: CLI options named in prose ("Pass a smaller --top-k") -> the tool argument that does the same, both ways
+#: (the outside tester, 02b7f3e: agents were told "--max-results", "--document-context", "drop --strict").
+#: An option not listed is its name with "_" for "-"; the CLI direction turns only these arguments back.
+FLAGS = {name: name.replace("-", "_") for name in (
+    "top-k", "max-results", "k", "document-context", "content", "source", "title", "collections", "collection",
+    "depth", "max-tokens", "include", "exclude", "strict", "dry-run", "include-children", "repair", "under",
+    "prune", "recursive")}
+#: Options that take no value: named alone they mean `name=true`.
+SWITCHES = frozenset({"strict", "dry-run", "include-children", "repair", "prune", "recursive"})
+#: Options of the process, not of a call: an agent's server reads them from its environment.
+SETTING_FLAGS = {"chroma-host": "RESEARCH_AGENT_CHROMA_HOST", "chroma-port": "RESEARCH_AGENT_CHROMA_PORT",
+                 "store": "RESEARCH_AGENT_STORE", "config": "RESEARCH_AGENT_CONFIG"}
+#: CLI-only phrasings (stdin, -v, "the command") and what an agent does instead; before the options are turned.
+MCP_PHRASES = (
+    ("--content TEXT, --file F or text on stdin", "--content"),
+    ("Re-run with -v for the log", "Check the server's log (its stderr)"),
+    ("run the command again", "call the tool again"),
+    ("Pass a writable --store PATH", "Set --store to a writable folder and restart the server"),
+)
 _CLI_CALL = re.compile(r"(?:\b([Rr]un) )?`research-agent ([^`]+)`")
 _MCP_CALL = re.compile(r"(?:\b([Cc]all) )?(`?)\b(" + "|".join(MCP_TOOLS) + r")\b(?:\(([^()]*)\))?\2"
                        r"(?: with ([a-z_]+=[\w.,-]+))?")
@@ -73,6 +93,16 @@ _RUN_CALL = {"Run": "Call", "run": "call", "Call": "Run", "call": "run"}
 #: "(MCP: check_store with repair=true)": a hint already written for agents, kept for people and dropped for
 #: agents, who get the call itself.
 _MCP_ASIDE = re.compile(r" ?\(MCP: [^()]*\)")
+#: Backticked text (a command line, a tool call, `chroma run ...`): prose rules leave it alone.
+_CODE = re.compile(r"(`[^`]*`)")
+#: "--top-k", "drop --strict", "without --dry-run", "--depth 1", "--collections a,b", "--content TEXT".
+_FLAG = re.compile(r"(?:\b(drop|without) )?--([a-z][a-z0-9-]*)"
+                   r"(?: (\d+(?:\.\d+)?|[\w-]+(?:,[\w-]+)+|[A-Z]+)(?=[\s.,;:)]|$))?")
+#: "kb add-document" named without `research-agent` and backticks.
+_BARE_COMMAND = re.compile(r"\bkb [a-z]+(?:-[a-z]+)*\b")
+#: "include_children=true", `dry_run=false`, top_k=5: a tool argument with its value, in prose.
+_ARGUMENT = re.compile(r"(?:\b([Ww]ith|[Pp]ass) )?`?\b(" + "|".join(sorted(set(FLAGS.values()), key=len, reverse=True))
+                       + r')=("[^"]*"|[\w-]+(?:[.,][\w-]+)*)`?')
 
 
 def for_face(text: str, face: Face) -> str:
@@ -81,10 +111,52 @@ def for_face(text: str, face: Face) -> str:
     if not text:
         return text
     if face == "mcp":
-        return _CLI_CALL.sub(_as_tool_call, _MCP_ASIDE.sub("", text))
+        text = _CLI_CALL.sub(_as_tool_call, _MCP_ASIDE.sub("", text))
+        return _in_prose(text, _prose_for_mcp)
     kept = _MCP_ASIDE.findall(text)
-    parts = [_MCP_CALL.sub(_as_command, part) for part in _MCP_ASIDE.split(text)]
+    parts = [_prose_for_cli(_MCP_CALL.sub(_as_command, part)) for part in _MCP_ASIDE.split(text)]
     return "".join(part + (kept[i] if i < len(kept) else "") for i, part in enumerate(parts))
+
+
+def _in_prose(text: str, turn: Callable[[str], str]) -> str:
+    """`text` with `turn` applied outside backticks (a command line or a tool call there is already right)."""
+    return "".join(part if part.startswith("`") else turn(part) for part in _CODE.split(text))
+
+
+def _prose_for_mcp(text: str) -> str:
+    """CLI options and bare `kb ...` commands in prose as tool arguments and tool calls."""
+    for cli, mcp in MCP_PHRASES:
+        text = text.replace(cli, mcp)
+    text = _BARE_COMMAND.sub(lambda m: f"`{tool_call(m.group(0)) or m.group(0)}`", text)
+    return _FLAG.sub(_as_argument, text)
+
+
+def _as_argument(m: re.Match[str]) -> str:
+    """One `--option [value]` as the tool argument: `name`, `name=value`, or `name=false` after drop/without."""
+    negation, option, value = m.groups()
+    if option in SETTING_FLAGS:
+        return (negation + " " if negation else "") + SETTING_FLAGS[option]
+    name = FLAGS.get(option, option.replace("-", "_"))
+    if negation:
+        return f"{'pass' if negation == 'drop' else 'with'} `{name}=false`"
+    if value and not value.isupper():
+        return f"`{name}={_value(value)}`"
+    return f"`{name}=true`" if option in SWITCHES else f"`{name}`"
+
+
+def _prose_for_cli(text: str) -> str:
+    """Tool arguments with values ("pass include_children=true", `dry_run=false`) as CLI options; tool calls
+    are commands by now, so an argument left is one named in prose."""
+    options = {arg: option for option, arg in FLAGS.items()}
+
+    def option(m: re.Match[str]) -> str:
+        verb, name, value = m.group(1), options[m.group(2)], m.group(3).strip('"')
+        if value == "false":  # "pass `strict=false`" -> "drop --strict", "with `dry_run=false`" -> "without ..."
+            return f"{'drop' if verb and verb.lower() == 'pass' else 'without'} --{name}"
+        said = f"{verb} " if verb else ""
+        return f"{said}--{name}" if value == "true" else f"{said}--{name} {shlex.quote(value)}"
+
+    return _ARGUMENT.sub(option, text)
 
 
 def with_guidance(message: str, guidance: str | None) -> str:

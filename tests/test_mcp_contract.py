@@ -238,3 +238,21 @@ async def test_list_tools_page_with_limit_and_cursor(fake_embedder):
         with pytest.raises(MCPError) as error:
             await client.call_tool("manage_collections", {"action": "list", "limit": 100000})
         assert error.value.code == -32602
+
+
+async def test_result_counts_declare_the_servers_maximum():
+    """top_k, max_results and k say in their schemas what the server enforces (the max_top_k setting, 100 by
+    default): the outside tester (02b7f3e) found no `maximum`, so an agent learnt the cap only from a failed call."""
+    from research_agent.config import Settings
+
+    cap = Settings().max_top_k
+    async with Client(mcp_server.mcp) as client:
+        tools = {t.name: t.input_schema for t in await client.list_tools()}
+    for tool, key in [("query_knowledge_base", "top_k"), ("discover_context", "max_results"),
+                      ("search_knowledge", "max_results"), ("evaluate_retrieval", "k")]:
+        spec = tools[tool]["properties"][key]
+        assert spec.get("minimum") == 1 and spec.get("maximum") == cap, (tool, spec)
+    async with Client(mcp_server.mcp) as client:
+        with pytest.raises(MCPError) as error:
+            await client.call_tool("query_knowledge_base", {"query": "x", "top_k": cap + 1})
+    assert str(cap) in str(error.value)

@@ -15,6 +15,9 @@ The stages, each a function here: nominate candidates (dense over the node index
 engine's keyword candidates), score them, collapse complementary siblings into their parent when most
 of it matches, drop thin parents, keep parents behind their best child, sort, list down to LIST_FLOOR
 (under the minimum score: priority "skip"), then word the reasons and the message.
+
+Over 400 lines because the stages are one pipeline over one record (Scored) and one index: split apart,
+every stage would import the others' internals; each stage is still a small function.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, BeforeValidator, Field, WithJsonSchema
 
 from research_agent.catalog.common import DEFAULT_PAGE, MAX_PAGE
+from research_agent.config import Settings
 
 Filters = Annotated[dict[str, Any] | None, Field(
     description="Only chunks matching every field, e.g. {\"kind\": [\"note\", \"research\"]} (a list: any of). "
@@ -22,6 +23,11 @@ MaxTokens = Annotated[int | None, Field(description="Token budget for the result
 Snippets = Annotated[bool, Field(description="Each chunk's most relevant excerpt instead of all of it.")]
 Limit = Annotated[int | None, Field(description=f"Page size (default {DEFAULT_PAGE}).", ge=1, le=MAX_PAGE)]
 Cursor = Annotated[str | None, Field(description="The previous page's next_cursor.")]
+#: The JSON-schema bound of a result count (top_k, max_results, k): the services refuse counts above the
+#: max_top_k setting, 100 unless configured, and a schema without `maximum` let agents learn that only from a
+#: failed call. Advertised, not validated here: the setting decides at call time (a store configured for more
+#: still answers more; its schema then understates the bound, never overstates it).
+COUNT_BOUND = {"maximum": Settings.model_fields["max_top_k"].default}
 TaskType = Literal["implement", "debug", "refactor", "document", "review", "design", "test"]
 
 #: The other names each seed argument name is accepted under (DESIGN.md section 3 names win).

@@ -4,6 +4,7 @@ files and nodes (knowledge://...). Each read is a `read` call (bounded by call_t
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 from fastmcp import Context, FastMCP
@@ -34,10 +35,28 @@ async def knowledge_index_resource(ctx: Context) -> dict[str, Any]:
                                                                       container(ctx))}
 
 
-async def collections_resource(ctx: Context) -> dict[str, Any]:
+def with_next_uri(page: dict[str, Any], uri: str) -> dict[str, Any]:
+    """A page of a resource list with `next_uri`: the uri to read for the next page (None on the last).
+
+    Why: a resource read takes no arguments, so research://collections showed the first page (33 of 40
+    collections, 90 of 131 documents, cut by the page's byte budget) and its next_cursor led nowhere (outside
+    tester, 02b7f3e). Every page stays bounded (catalog/common.py's paging rule, 24 KB); the templates below
+    take `?cursor=` (RFC 6570 `{?cursor}`, which FastMCP 4.1 matches and passes as an argument), so a client
+    reads the whole list by following next_uri.
+    """
+    cursor = page.get("next_cursor")
+    return {**page, "next_uri": f"{uri}?cursor={quote(cursor, safe='')}" if cursor else None}
+
+
+async def collections_page_resource(ctx: Context, cursor: str | None = None) -> dict[str, Any]:
     from research_agent.catalog.collections import list_collections
 
-    return await Calls("resource collections").read(ctx, list_collections, container(ctx))
+    page = await Calls("resource collections").read(ctx, list_collections, container(ctx), cursor=cursor)
+    return with_next_uri(page, "research://collections")
+
+
+async def collections_resource(ctx: Context) -> dict[str, Any]:
+    return await collections_page_resource(ctx)
 
 
 async def collection_resource(name: str, ctx: Context) -> dict[str, Any]:
@@ -46,10 +65,11 @@ async def collection_resource(name: str, ctx: Context) -> dict[str, Any]:
     return await Calls("resource collection").read(ctx, get_collection_info, container(ctx), name)
 
 
-async def documents_resource(name: str, ctx: Context) -> dict[str, Any]:
+async def documents_resource(name: str, ctx: Context, cursor: str | None = None) -> dict[str, Any]:
     from research_agent.ingest import list_documents
 
-    return await Calls("resource documents").read(ctx, list_documents, container(ctx), name)
+    page = await Calls("resource documents").read(ctx, list_documents, container(ctx), name, cursor=cursor)
+    return with_next_uri(page, f"research://collections/{quote(name, safe='')}/documents")
 
 
 async def chunks_resource(name: str, document: str, ctx: Context) -> dict[str, Any]:
@@ -79,14 +99,18 @@ def register(mcp: FastMCP) -> None:
                  description="Every knowledge file as {uri, name, mimeType, metadata: {id, type, status, "
                              "last_checked, node_count, nodes}}; read one with its knowledge:// uri.",
                  )(knowledge_index_resource)
+    pages = " One page (at most 100 items, about 24 KB); read next_uri for the next, until it is null."
     mcp.resource("research://collections", name="collections", mime_type=json,
-                 description="Every collection with its type, description, projects and document and chunk counts.",
-                 )(collections_resource)
+                 description="The collections with their type, description, projects and document and chunk "
+                             "counts." + pages)(collections_resource)
+    mcp.resource("research://collections{?cursor}", name="collections-page", mime_type=json,
+                 description="A further page of research://collections (cursor: the previous page's next_cursor)."
+                 )(collections_page_resource)
     mcp.resource("research://collections/{name}", name="collection", mime_type=json,
                  description="One collection's info: type, description, embedding model, counts, projects.",
                  )(collection_resource)
-    mcp.resource("research://collections/{name}/documents", name="collection-documents", mime_type=json,
-                 description="The documents of one collection.")(documents_resource)
+    mcp.resource("research://collections/{name}/documents{?cursor}", name="collection-documents",
+                 mime_type=json, description="The documents of one collection." + pages)(documents_resource)
     mcp.resource("research://collections/{name}/documents/{document*}", name="document-chunks", mime_type=json,
                  description="A document's chunks in order (header path, content type, text); `document` is the "
                              "key that the documents list shows, e.g. notes/setup.md.")(chunks_resource)

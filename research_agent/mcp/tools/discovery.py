@@ -12,7 +12,7 @@ from pydantic import Field
 
 from research_agent.discovery.models import DependencyGraph, DiscoveryResult, KnowledgeBaseList, RetrievalResult
 from research_agent.mcp.calls import Tool, add_tools, container
-from research_agent.mcp.params import Cursor, Limit, TaskType, aliased, names
+from research_agent.mcp.params import COUNT_BOUND, Cursor, Limit, TaskType, aliased, names
 from research_agent.search.service import QueryResult
 
 DISCOVER = Tool("Before a coding task, ask what knowledge it needs: ranked recommendations {id, path, title, type, "
@@ -31,7 +31,7 @@ async def discover_context(
     task_type: Annotated[TaskType | None, Field(description="Tunes which node types rank first.")] = None,
     current_file: Annotated[str | None, Field(description="The file being edited; knowledge near it ranks "
                                                           "higher.")] = None,
-    max_results: Annotated[int, Field(description="At most this many.", ge=1,
+    max_results: Annotated[int, Field(description="At most this many.", ge=1, json_schema_extra=COUNT_BOUND,
                                       validation_alias=aliased("max_results"))] = 5,
     collections: DiscoverNames = None,
     project: Annotated[str | None, Field(description="Search this project's default collections.",
@@ -96,7 +96,7 @@ async def search_knowledge(
     search_type: Annotated[Literal["semantic", "keyword", "hybrid"], Field(
         description="As query_knowledge_base's mode.")] = "hybrid",
     scope: ScopeNames = None,
-    max_results: Annotated[int, Field(description="How many results.", ge=1,
+    max_results: Annotated[int, Field(description="How many results.", ge=1, json_schema_extra=COUNT_BOUND,
                                       validation_alias=aliased("max_results"))] = 10,
 ) -> ToolResult:
     from research_agent.discovery import search_knowledge as svc

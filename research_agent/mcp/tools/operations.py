@@ -13,7 +13,7 @@ from fastmcp.tools import ToolResult
 from pydantic import Field
 
 from research_agent.mcp.calls import Tool, add_tools, container, state
-from research_agent.mcp.params import CollectionName
+from research_agent.mcp.params import COUNT_BOUND, CollectionName
 from research_agent.ops.doctor import DoctorReport
 from research_agent.ops.status import StatusReport
 from research_agent.search.evaluation import EvalReport
@@ -29,7 +29,7 @@ async def evaluate_retrieval(
     queries_file: Annotated[str, Field(description="BEIR queries.jsonl (_id, text).")],
     qrels_file: Annotated[str, Field(description="BEIR qrels TSV (query-id, corpus-id, score).")],
     ctx: Context,
-    k: Annotated[int, Field(description="Cut-off for every metric.", ge=1)] = 10,
+    k: Annotated[int, Field(description="Cut-off for every metric.", ge=1, json_schema_extra=COUNT_BOUND)] = 10,
     limit: Annotated[int | None, Field(description="Only the first N judged queries.", ge=1)] = None,
 ) -> ToolResult:
     from research_agent.ingest import check_allowed

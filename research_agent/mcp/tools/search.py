@@ -9,7 +9,7 @@ from fastmcp.tools import ToolResult
 from pydantic import Field
 
 from research_agent.mcp.calls import Tool, add_tools, container, state
-from research_agent.mcp.params import Filters, MaxTokens, Snippets, aliased, names
+from research_agent.mcp.params import COUNT_BOUND, Filters, MaxTokens, Snippets, aliased, names
 from research_agent.search.service import QueryResult
 
 QUERY = Tool("Search the knowledge base: the most relevant chunks {content, source_document, header_path, "
@@ -26,7 +26,7 @@ async def query_knowledge_base(
     ctx: Context,
     collections: SearchedNames = None,
     top_k: Annotated[int, Field(description="Chunks to return (up to max_top_k).",
-                                ge=1, validation_alias=aliased("top_k"))] = 10,
+                                ge=1, json_schema_extra=COUNT_BOUND, validation_alias=aliased("top_k"))] = 10,
     document_context: Annotated[str | None, Field(
         description="The text or code being worked on; ranks related chunks higher.")] = None,
     project: Annotated[str | None, Field(description="Search this project's default collections.",
