@@ -44,7 +44,7 @@ from research_agent.ingest.nodes import (
     scalar,
     take_metadata,
 )
-from research_agent.ingest.parsing import ParsedDocument
+from research_agent.ingest.parsing import ParsedDocument, strip_closing_hashes
 
 #: The most UTF-8 bytes of text one chunk holds, whatever its token budget: ~4x what the default budget
 #: packs of English prose (~1.5 KB), small enough that no line of minified code, base64 or table can make a
@@ -68,7 +68,9 @@ _COUNT_BATCH = 256
 TokenCounter = Callable[[list[str]], list[int]]
 
 _TOKEN = re.compile(r"[^\W_]+|[^\w\s]|_")
-_HEADER = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+#: Matched on the line without trailing blanks; the closing `#` run goes by parsing.strip_closing_hashes (one
+#: pattern doing both backtracked quadratically: tests/test_ingest_text_linear.py).
+_HEADER = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*))?$")
 _FENCE_OPEN = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _FENCE_CLOSE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*$")
 _TABLE_SEPARATOR = re.compile(r"^ {0,3}\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$")
@@ -152,7 +154,9 @@ def embedding_context(title: str | None, header_path: str | None) -> str:
 
 def slugify(header: str) -> str:
     """GitHub-style anchor for a header: lowercase, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", header)  # links and images render as their text
+    # Links and images render as their text; no bracket inside a link's text or target, so a run of `[`
+    # cannot make the scan quadratic (tests/test_ingest_text_linear.py).
+    text = re.sub(r"!?\[([^\[\]]*)\]\([^)\[]*\)", r"\1", header)
     text = re.sub(r"[^\w\- ]", "", text.strip().lower())
     return text.replace(" ", "-")
 
@@ -688,9 +692,10 @@ def _sections(text: str) -> list[_Section]:
             sections[-1].items.append(("fence", (language, fenced, inner)))
             i += 1
             continue
-        header = _HEADER.match(line)
+        header = _HEADER.match(line.rstrip(" \t"))
         if header:
-            sections.append(_Section(len(header.group(1)), (header.group(2) or "").strip(), line.strip()))
+            text = strip_closing_hashes(header.group(2) or "").strip()
+            sections.append(_Section(len(header.group(1)), text, line.strip()))
         else:
             sections[-1].items.append(("line", line))
         i += 1

@@ -23,7 +23,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 CONTENT_SEPARATOR = re.compile(r"^[ \t]*<!--[ \t]*content[ \t]*-->[ \t]*$", re.IGNORECASE)
-_META_BULLET = re.compile(r"^ {0,3}[-*+][ \t]+[*_`]*([A-Za-z][\w-]*)[*_`]*[ \t]*:(?:[ \t]+(.*?))?[ \t]*$")
+#: Matched on the line without trailing blanks (a lazy value before `[ \t]*$` backtracked quadratically on a
+#: long run of blanks: 18 s at 100 KB); keys are at most 64 characters, so the key's overlap with the
+#: emphasis marks cannot either (tests/test_ingest_text_linear.py).
+_META_BULLET = re.compile(r"^ {0,3}[-*+][ \t]+[*_`]*([A-Za-z][\w-]{0,63})[*_`]*[ \t]*:(?:[ \t]+(.*))?$")
 _LIST_CONTINUATION = re.compile(r"^([ \t]+\S|[ \t]{0,3}([-*+]|\d+[.)])[ \t])")
 
 #: Keys that mark a bullet block under a header as node metadata even without a `<!-- content -->` line.
@@ -128,7 +131,7 @@ def take_metadata(items: list[tuple[str, Any]]) -> tuple[dict[str, Any] | None, 
             i, seen_separator = j + 1, True
             continue
         k, run = j, []
-        while k < n and items[k][0] == "line" and (m := _META_BULLET.match(items[k][1])):
+        while k < n and items[k][0] == "line" and (m := _META_BULLET.match(items[k][1].rstrip(" \t"))):
             run.append((m.group(1).lower().replace("-", "_"), m.group(2) or ""))
             k += 1
         if not run or (k < n and items[k][0] == "line" and _LIST_CONTINUATION.match(items[k][1])):

@@ -83,7 +83,19 @@ _BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (code
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
 _FRONT_MATTER_END = re.compile(r"^(?:---|\.\.\.)[ \t]*$", re.MULTILINE)
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_H1 = re.compile(r"^ {0,3}#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+#: Matched on the line without trailing blanks, the closing `#` run removed by strip_closing_hashes: the
+#: one-pattern form `(.+?)(?:[ \t]+#+)?[ \t]*$` backtracked quadratically on a long run of blanks (100 KB: over
+#: 20 s; tests/test_ingest_text_linear.py).
+_H1 = re.compile(r"^ {0,3}#[ \t]+(.+)$")
+
+
+def strip_closing_hashes(text: str) -> str:
+    """An ATX heading's text without its optional closing `#` run (`# Title ##` -> `Title`); a run not set off
+    by a blank is part of the text (`C##`), and a text that is only hashes is kept (`# ##` -> `##`)."""
+    body = text.rstrip("#")
+    if body != text and body and body[-1] in " \t":
+        return body.rstrip(" \t")
+    return text
 # A prose line that starts like markdown syntax would become a header or fence in the chunker.
 _MARKDOWN_LOOKALIKE = re.compile(r"(?m)^([ \t]{0,3})(#|```|~~~)")
 
@@ -384,8 +396,8 @@ def _first_h1(markdown: str) -> str | None:
         elif fence is not None:
             if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line[m.end() :].strip():
                 fence = None
-        elif h1 := _H1.match(line):
-            return h1.group(1).strip() or None
+        elif h1 := _H1.match(line.rstrip(" \t")):
+            return strip_closing_hashes(h1.group(1)).strip() or None
     return None
 
 
