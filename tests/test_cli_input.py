@@ -93,6 +93,19 @@ def test_library_replaces_lone_surrogates_from_any_face(fake_embedder, container
     assert result.query == "\ufffd retry" and result.results
 
 
+@pytest.mark.slow
+def test_discovery_replaces_lone_surrogates_in_the_task(container):
+    """discover_context's task reaches the real tokenizer too: a lone surrogate is replaced, not a TypeError."""
+    from research_agent.catalog.collections import create_collection
+    from research_agent.catalog.notes import add_note
+    from research_agent.discovery.service import discover_context
+
+    create_collection(container, "disc")
+    add_note(container, "disc", "Retry policy: back off exponentially.", "Retry policy")
+    result = discover_context(container, "fix the retry policy caf\udce9", collections=["disc"])
+    assert result.recommendations and "\\udce9" not in result.model_dump_json()
+
+
 def test_clean_text_replaces_only_lone_surrogates():
     from research_agent.text import clean_text
 

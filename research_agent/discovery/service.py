@@ -41,6 +41,7 @@ from research_agent.discovery.node_index import (
 )
 from research_agent.errors import CollectionError, DocumentError, QueryError
 from research_agent.storage.registry import project_key
+from research_agent.text import clean_text
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -53,7 +54,7 @@ def _validate_task(task: Any, settings: Any) -> str:
     if len(task) > settings.max_query_chars:
         raise QueryError(f"The task description has {len(task)} characters; the limit is {settings.max_query_chars}",
                          guidance="Summarise the task in a few sentences.")
-    return task.strip()
+    return clean_text(task.strip())  # an MCP client's JSON may carry lone surrogates ("\udcff")
 
 
 def _validate_task_type(task_type: str | None) -> str | None:
