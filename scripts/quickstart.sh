@@ -4,7 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 ra=.venv/bin/research-agent
-$ra collections info sample-docs >/dev/null 2>&1 ||
-  $ra collections create sample-docs --type fundamental --description "research-agent's own documentation"
-$ra kb add-folder docs --collection sample-docs --recursive
+$ra kb add-folder docs --collection sample-docs --recursive --create --type fundamental \
+  --description "research-agent's own documentation"
 $ra query "${1:-How do I connect Cursor to research-agent over MCP?}" --collections sample-docs --top-k 3

@@ -37,7 +37,7 @@ EOF
     echo "torch: using the CPU index $index" >&2
     echo "--index-url $index"
   else
-    echo "torch: the CPU index $index did not answer within ${timeout}s; falling back to pip's configured index" \
+    echo "torch: the CPU index $index is not reachable (no answer within ${timeout}s); falling back to pip's configured index" \
          "(on Linux that may be the multi-GB CUDA build unless a local wheel is configured)" >&2
   fi
 }
