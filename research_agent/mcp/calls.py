@@ -2,8 +2,9 @@
 
 - `read`: bounded by `call_timeout` (a timed-out thread finishes in the background, writing nothing).
 - `write`: not bounded, since cutting a write off midway is worse than waiting for it.
-- `job`: a long write (ingest, reindex): listed by get_status while it runs, reports MCP progress, and stops
-  at its next file when the client cancels the request.
+- `job`: a long write (ingest, reindex): listed by get_status until the call ends (also while it waits for the
+  warm-up), reports MCP progress that only increases across its runs, and stops at its next file when the
+  client cancels the request.
 
 All three run at once after the warm-up's store stage; a call whose service asks for a model while the warm-up
 still loads it is run again once the models are there (`Calls._attempts`). Waiting for the warm-up counts
@@ -30,7 +31,7 @@ from fastmcp.tools import FunctionTool, ToolResult
 
 from research_agent.container import Container
 from research_agent.mcp.errors import ToolFailure, call_timeout, invalid_params, to_tool_failure
-from research_agent.mcp.lifespan import DEFER_MODELS, ModelsNotReady, ServerState
+from research_agent.mcp.lifespan import DEFER_MODELS, LOADING_MODEL, ModelsNotReady, ServerState
 from research_agent.mcp.params import lean_input, result_schema
 from research_agent.mcp.render import render
 
@@ -92,19 +93,26 @@ class Calls:
         st = state(ctx)
         limit = st.call_timeout if timed and st.call_timeout > 0 else math.inf
         warming = [False]  # whether the time is going on the warm-up (the -32005 message says so)
+        loading = [False]  # whether this call's own thread is loading the embedding model (lifespan.py)
+        listed = _Job(st, self.label, job) if job is not None else None
+        token = LOADING_MODEL.set(loading)  # copied into the worker threads' contexts by anyio
         try:
             with anyio.move_on_after(limit) as scope:  # the warm-up wait counts toward the limit too
-                result = await self._attempts(ctx, st, partial(fn, *args, **kwargs), timed, job, warming)
+                result = await self._attempts(ctx, st, partial(fn, *args, **kwargs), timed, listed, warming)
             if scope.cancelled_caught:
-                raise ToolFailure(call_timeout(self.label, limit, warming_up=warming[0]))
+                raise ToolFailure(call_timeout(self.label, limit, warming_up=warming[0], loading_model=loading[0]))
         except (ToolFailure, anyio.get_cancelled_exc_class()):
             raise
         except Exception as exc:
             raise to_tool_failure(exc, self.label) from exc
+        finally:
+            LOADING_MODEL.reset(token)
+            if listed is not None:
+                listed.end()
         return dump(result)
 
     async def _attempts(self, ctx: Context, st: ServerState, call: Callable[..., Any], timed: bool,
-                        job: dict[str, Any] | None, warming: list[bool]) -> Any:
+                        job: _Job | None, warming: list[bool]) -> Any:
         """The call, run at once (after the warm-up's store stage, ~1-2 s) and, if its service asked for a
         model the warm-up is still loading, once more when the models are there.
 
@@ -120,13 +128,15 @@ class Calls:
             return await self._once(ctx, st, call, timed, job, defer=not st.warmup.models_ready)
         except ModelsNotReady:
             log.debug("%s waits for the model warm-up", self.label)
+            if job is not None:
+                job.mark("waiting for models")  # still listed by get_status while it waits (it once vanished)
         warming[0] = True
         await st.warmup.until_models_ready()
         warming[0] = False
         return await self._once(ctx, st, call, timed, job, defer=False)
 
     async def _once(self, ctx: Context, st: ServerState, call: Callable[..., Any], timed: bool,
-                    job: dict[str, Any] | None, *, defer: bool) -> Any:
+                    job: _Job | None, *, defer: bool) -> Any:
         """One run in a worker thread holding a concurrency slot; with `defer`, the service's first use of a
         model raises ModelsNotReady (lifespan.py Warmup.gate_models) instead of blocking the slot."""
         token = DEFER_MODELS.set(defer)  # copied into the worker thread's context by anyio
@@ -134,6 +144,7 @@ class Calls:
             async with st.limiter:  # waiting for a free slot counts toward the time limit
                 if job is None:
                     return await anyio.to_thread.run_sync(partial(_in_session, st, call), abandon_on_cancel=timed)
+                job.mark("running")
                 return await _run_job(ctx, st, self.label, job, call)
         finally:
             DEFER_MODELS.reset(token)
@@ -204,16 +215,41 @@ def action_effects(actions: dict[str, Effect]) -> str:
     return " ".join(parts)
 
 
+class _Job:
+    """One job call's entry in get_status and its last progress value, kept across the call's runs.
+
+    Why: a job whose first run stopped at ModelsNotReady (the warm-up still loading) was dropped from get_status
+    while it waited and, run again, restarted its progress notifications at 0 after 59/60 had been sent; MCP
+    requires each notification's progress to increase within one request.
+    """
+
+    def __init__(self, st: ServerState, label: str, job: dict[str, Any]) -> None:
+        self.st, self.id, self.sent = st, uuid.uuid4().hex[:12], -1.0
+        st.jobs[self.id] = {"id": self.id, "tool": label, **job, "state": "starting", "started_at": time.time(),
+                            "progress": None}
+
+    def mark(self, job_state: str) -> None:
+        if self.id in self.st.jobs:
+            self.st.jobs[self.id]["state"] = job_state
+
+    def record(self, report: Any) -> None:
+        if self.id in self.st.jobs:
+            self.st.jobs[self.id]["progress"] = dump(report)
+
+    def end(self) -> None:
+        self.st.jobs.pop(self.id, None)
+
+
 class _Progress:
     """The worker side of a job's progress: records it for get_status and drops it into a stream."""
 
-    def __init__(self, st: ServerState, job_id: str, label: str, send: Any, cancelled: threading.Event) -> None:
-        self.st, self.job_id, self.label, self.send, self.cancelled = st, job_id, label, send, cancelled
+    def __init__(self, job: _Job, label: str, send: Any, cancelled: threading.Event) -> None:
+        self.job, self.label, self.send, self.cancelled = job, label, send, cancelled
 
     def __call__(self, report: Any) -> None:
         if self.cancelled.is_set():
             raise CallCancelled(f"{self.label} cancelled by the client")
-        self.st.jobs[self.job_id]["progress"] = dump(report)
+        self.job.record(report)
         try:
             anyio.from_thread.run_sync(self.send.send_nowait, report)
         except Exception:  # stream closed or loop gone: progress is best effort
@@ -226,10 +262,10 @@ def _progress_value(report: Any) -> float:
     return max(float(report.files_done), float(getattr(report, "files_progress", 0.0) or 0.0))
 
 
-async def _forward(ctx: Context, receive: Any, cancelled: threading.Event) -> None:
+async def _forward(ctx: Context, receive: Any, cancelled: threading.Event, job: _Job) -> None:
     """Send the latest report as an MCP progress notification, coalescing bursts, so a slow client never
-    slows ingestion down; on cancellation set `cancelled` so the worker stops at its next report."""
-    sent = -1.0
+    slows ingestion down; on cancellation set `cancelled` so the worker stops at its next report. The last value
+    sent is the job's (`job.sent`), not this run's: a run again after the warm-up sends only what is past it."""
     try:
         async with receive:
             async for report in receive:
@@ -239,9 +275,9 @@ async def _forward(ctx: Context, receive: Any, cancelled: threading.Event) -> No
                     except (anyio.WouldBlock, anyio.EndOfStream):
                         break
                 done, total = _progress_value(report), float(report.files_total or 0)
-                if done <= sent:
+                if done <= job.sent:
                     continue  # MCP requires each notification's progress to increase
-                sent = done
+                job.sent = done
                 note = (f"{report.stage}: {done:g}/{report.files_total} files, "
                         f"{report.chunks_done}/{report.chunks_total} chunks")
                 if report.current:
@@ -255,31 +291,27 @@ async def _forward(ctx: Context, receive: Any, cancelled: threading.Event) -> No
         raise
 
 
-async def _run_job(ctx: Context, st: ServerState, label: str, job: dict[str, Any], fn: Callable[..., Any]) -> Any:
-    """`fn(progress=...)` in a worker thread; its reports become MCP progress notifications.
+async def _run_job(ctx: Context, st: ServerState, label: str, job: _Job, fn: Callable[..., Any]) -> Any:
+    """One run of `fn(progress=...)` in a worker thread; its reports become MCP progress notifications. The
+    job's get_status entry belongs to the whole call (`Calls._run`), not to this run.
 
     When the request is cancelled the worker raises CallCancelled at its next report: the batch being written
     finishes (each is atomic), nothing after it is written.
     """
     cancelled = threading.Event()
     send, receive = anyio.create_memory_object_stream[Any](max_buffer_size=math.inf)
-    job_id = uuid.uuid4().hex[:12]
-    st.jobs[job_id] = {"id": job_id, "tool": label, **job, "started_at": time.time(), "progress": None}
-    progress = _Progress(st, job_id, label, send, cancelled)
+    progress = _Progress(job, label, send, cancelled)
     error: BaseException | None = None
     result: Any = None
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_forward, ctx, receive, cancelled)
-            try:
-                # Not abandoned on cancel: the request ends only when the worker has stopped writing.
-                result = await anyio.to_thread.run_sync(partial(_in_session, st, fn, progress=progress))
-            except (Exception, ModelsNotReady) as exc:  # raised after the task group, not inside it
-                error = exc
-            finally:
-                send.close()
-    finally:
-        st.jobs.pop(job_id, None)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_forward, ctx, receive, cancelled, job)
+        try:
+            # Not abandoned on cancel: the request ends only when the worker has stopped writing.
+            result = await anyio.to_thread.run_sync(partial(_in_session, st, fn, progress=progress))
+        except (Exception, ModelsNotReady) as exc:  # raised after the task group, not inside it
+            error = exc
+        finally:
+            send.close()
     if error is not None:
         raise error
     return result

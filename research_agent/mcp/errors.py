@@ -95,9 +95,16 @@ def invalid_params(message: str, guidance: str, **data: Any) -> MCPError:
                                            **data})
 
 
-def call_timeout(tool: str, seconds: float, warming_up: bool = False) -> MCPError:
-    """-32005; when the time went on waiting for the server's own warm-up, the message says so instead of
-    telling the caller to narrow a request that never started."""
+def call_timeout(tool: str, seconds: float, warming_up: bool = False, loading_model: bool = False) -> MCPError:
+    """-32005; when the time went on waiting for the server's own warm-up, or on loading the embedding model in
+    the call's own thread (the warm-up off, failed or not run), the message says so instead of telling the
+    caller to narrow a request that never started."""
+    if loading_model and not warming_up:
+        return coded(CALL_TIMEOUT, f"{tool} did not finish within {seconds:g} s: the time went on loading the "
+                     "embedding model, which this call had to load itself", {
+                         "type": "TimeoutError", "retryable": True, "timeout_seconds": seconds, "model_loading": True,
+                         "guidance": "Retry the same call once the model is loaded; get_status shows "
+                                     "embedding_loaded and the warm-up state."})
     if warming_up:
         return coded(CALL_TIMEOUT, f"{tool} did not start within {seconds:g} s: the server is still loading its "
                      "models (warm-up)", {

@@ -31,8 +31,8 @@ MODEL_FREE_DOCUMENT_ACTIONS = frozenset({"list", "get", "remove", "prune"})
 #: The longest /health waits for the warm-up's store stage before checking the store itself.
 HEALTH_STORE_WAIT = 30.0
 #: The longest /health's store check waits for a connect another thread has under way (docs/mcp.md promises an
-#: answer within ~30 s, "degraded" when the store does not answer; a connect itself is bounded by
-#: storage/store.py CONNECT_TIMEOUT).
+#: answer within ~30 s, "degraded" when the store does not answer; a connect itself is bounded by the setting
+#: chroma_connect_timeout, 5 s by default).
 HEALTH_CHECK_WAIT = 10.0
 #: How often a call waiting for the warm-up looks at it (seconds). Waiting polls instead of blocking a worker
 #: thread: 45 calls blocked in threads took every one of anyio's 40, and a list queued behind them got -32005.
@@ -43,6 +43,13 @@ NEEDS_MODELS: ContextVar[bool] = ContextVar("research_agent_needs_models", defau
 #: Set by the call policy (calls.py) for a call's first run while the models still load: its first use of a
 #: model raises ModelsNotReady instead of blocking the worker thread and the call's concurrency slot.
 DEFER_MODELS: ContextVar[bool] = ContextVar("research_agent_defer_models", default=False)
+#: Set by the call policy (calls.py) to a one-item list per call: True while the call's own thread loads the
+#: embedding model (the warm-up was off, failed, or never ran), so a -32005 says the time went on that load
+#: instead of telling the caller to narrow a request that never got to run.
+LOADING_MODEL: ContextVar[list[bool] | None] = ContextVar("research_agent_loading_model", default=None)
+#: The warm-up's state when its models loaded but the store did not open at start (a Chroma server slow or down);
+#: reported as "done" once the store has connected since (Warmup.state).
+STORE_LATE = "models loaded; store unreachable at start"
 
 
 class ModelsNotReady(BaseException):
@@ -76,7 +83,7 @@ class Warmup:
     def __init__(self, container: Container, enabled: bool) -> None:
         self.container = container
         self.enabled = enabled
-        self.state = "pending" if enabled else "off"  # pending | running | done | failed | off
+        self._state = "pending" if enabled else "off"  # pending | running | done | failed | off | STORE_LATE
         self.error: str | None = None
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
@@ -86,6 +93,13 @@ class Warmup:
         if not enabled:
             self._done.set()
             self._store_ready.set()
+
+    @property
+    def state(self) -> str:
+        """What get_status shows; STORE_LATE turns "done" once a later call has connected to the store."""
+        if self._state == STORE_LATE and self.container.store.connected:
+            return "done"
+        return self._state
 
     @property
     def store_ready(self) -> bool:
@@ -134,23 +148,35 @@ class Warmup:
             self.thread.start()
 
     def _run(self) -> None:
-        self.state = "running"
+        """The store stage, then the models whatever the store did: the models never need the store, and a
+        Chroma server slow or down at start once left them unloaded, so the first query loaded the model inside
+        its own time budget and timed out (-32005) while get_status said "failed" for ever."""
+        self._state = "running"
+        store_error = self._open_store()
         try:
-            try:
-                self.container.store.client  # noqa: B018 - chromadb and numpy imports first
-            finally:
-                self._store_ready.set()  # a store that cannot open is reported by the call that uses it
             self.container.embedder  # noqa: B018 - loading is the point
             if self.container.settings.rerank:
                 self.container.reranker.load()  # an unavailable reranker is reported by status and queries
-            self.state = "done"
+            self._state, self.error = ("done", None) if store_error is None else (STORE_LATE, store_error)
             log.info("warm-up done: embedding model %s", self.container.settings.embedding_model)
         except Exception as exc:  # the tool that needs the model reports the error properly
-            self.state, self.error = "failed", str(exc)
+            self._state, self.error = "failed", str(exc)
             log.warning("warm-up failed: %s", exc)
         finally:
             self._store_ready.set()
             self._done.set()
+
+    def _open_store(self) -> str | None:
+        """Import chromadb and numpy and connect; what went wrong, or None. A store that cannot open is reported
+        by the call that uses it; calls start once this returns (`until_store_ready`)."""
+        try:
+            self.container.store.client  # noqa: B018 - chromadb and numpy imports first
+            return None
+        except Exception as exc:
+            log.warning("warm-up: store not open at start (%s); loading the models anyway", exc)
+            return str(exc)
+        finally:
+            self._store_ready.set()
 
     def cancel(self) -> None:
         with self._lock:
@@ -179,7 +205,13 @@ class ServedContainer(Container):
     @property
     def embedder(self) -> Any:
         self._gate()
-        return super().embedder
+        loading = LOADING_MODEL.get()
+        if loading is None or self.embedder_loaded:
+            return super().embedder
+        loading[0] = True  # stays True if the call times out while this thread loads
+        embedder = super().embedder
+        loading[0] = False
+        return embedder
 
     @property
     def reranker(self) -> Any:

@@ -25,11 +25,10 @@ from research_agent.storage.swaps import BACKUP_PREFIX, SwapMixin, swap_target
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-#: Seconds a Chroma server gets to answer the connect probe (and to accept any later connection). chromadb 1.5.9's
-#: HttpClient builds its httpx.Client with timeout=None and takes no timeout setting, and its constructor already
-#: sends requests: a server that accepted and never answered hung the connect, and everything behind
-#: `_connect_lock` (/health, every read), for 700 s. A healthy local server answers a heartbeat in milliseconds.
-CONNECT_TIMEOUT = 5.0
+#: The connect probe's deadline is the setting `chroma_connect_timeout` (default 5 s). chromadb 1.5.9's HttpClient
+#: builds its httpx.Client with timeout=None and takes no timeout setting, and its constructor already sends
+#: requests: a server that accepted and never answered hung the connect, and everything behind `_connect_lock`
+#: (/health, every read), for 700 s. A healthy local server answers a heartbeat in milliseconds.
 #: Seconds any one request to a Chroma server may wait for its answer once connected (set on chromadb's httpx
 #: session): far above a slow query on a large collection, yet a server that stops answering frees the thread.
 REQUEST_TIMEOUT = 120.0
@@ -92,17 +91,33 @@ class _ServerGuard:
         return call
 
 
-def _bound_requests(client: Any) -> None:
-    """Give chromadb's httpx session (built with timeout=None) a REQUEST_TIMEOUT read deadline and a
-    CONNECT_TIMEOUT connect one; a chromadb without that private attribute keeps its own behaviour."""
+def _bound_requests(client: Any, connect: float) -> None:
+    """Give chromadb's httpx session (built with timeout=None) a REQUEST_TIMEOUT read deadline and a `connect`
+    one (chroma_connect_timeout); a chromadb without that private attribute keeps its own behaviour."""
     import httpx
 
     session = getattr(getattr(client, "_server", None), "_session", None)
     if isinstance(session, httpx.Client):
-        session.timeout = httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT)
+        session.timeout = httpx.Timeout(REQUEST_TIMEOUT, connect=connect)
 
 
-def unreachable(location: str, exc: BaseException) -> StoreUnavailableError:
+def _timed_out(exc: BaseException) -> bool:
+    try:
+        import httpx
+    except ImportError:  # pragma: no cover - chromadb depends on httpx
+        return isinstance(exc, TimeoutError)
+    return isinstance(exc, (TimeoutError, httpx.TimeoutException))
+
+
+def unreachable(location: str, exc: BaseException, seconds: float | None = None) -> StoreUnavailableError:
+    """Retryable; a server that timed out (alive but slow, or stuck) is told apart from one that refused the
+    connection, which is down: "start it" sent the outside tester to start a server that was running."""
+    if seconds is not None and _timed_out(exc):
+        return StoreUnavailableError(
+            f"Chroma server at {location} did not answer within {seconds:g} s ({type(exc).__name__})",
+            guidance="Check that the server is healthy (not overloaded or stuck), or, if it is only slow, raise "
+            "RESEARCH_AGENT_CHROMA_CONNECT_TIMEOUT; then run the command again.",
+        )
     return StoreUnavailableError(
         f"Chroma server at {location} is unreachable ({type(exc).__name__})",
         guidance="Start it with `chroma run --path DIR --host HOST --port PORT` (or fix --chroma-host/--chroma-port) "
@@ -152,6 +167,11 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
                 self._client = self._connect()
             return self._client
 
+    @property
+    def connected(self) -> bool:
+        """Whether a client is open, without connecting (the MCP warm-up's state re-checks it)."""
+        return self._client is not None
+
     def _connect(self) -> Any:
         import chromadb
         from chromadb.config import Settings as ChromaSettings
@@ -163,10 +183,10 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
                 self._probe()
                 client = chromadb.HttpClient(host=s.chroma_host, port=s.chroma_port, ssl=s.chroma_ssl,
                                              settings=chroma_settings)
-                _bound_requests(client)
+                _bound_requests(client, s.chroma_connect_timeout)
                 client.heartbeat()
             except Exception as exc:
-                raise unreachable(self.location, exc) from None
+                raise unreachable(self.location, exc, s.chroma_connect_timeout) from None
             return _ServerGuard(client, self.location)
         self._make_store_dir()
         try:
@@ -176,11 +196,12 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
             raise self._unopenable(exc) from None
 
     def _probe(self) -> None:
-        """One heartbeat with a CONNECT_TIMEOUT deadline before chromadb's own (unbounded) requests: a server
-        that does not answer it is unreachable now, not a hang. Any HTTP answer will do (chromadb judges it)."""
+        """One heartbeat with a chroma_connect_timeout deadline before chromadb's own (unbounded) requests: a
+        server that does not answer it is unreachable now, not a hang. Any HTTP answer will do (chromadb judges
+        it)."""
         import httpx
 
-        httpx.get(f"{self.location}/api/v2/heartbeat", timeout=CONNECT_TIMEOUT)
+        httpx.get(f"{self.location}/api/v2/heartbeat", timeout=self.settings.chroma_connect_timeout)
 
     def client_within(self, seconds: float) -> Any:
         """`client`, or StoreUnavailableError when another thread is still connecting after `seconds`: /health
@@ -188,7 +209,7 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
         if self._client is not None:
             return self._client
         if not self._connect_lock.acquire(timeout=seconds):
-            raise unreachable(self.location, TimeoutError(f"still connecting after {seconds:g} s"))
+            raise unreachable(self.location, TimeoutError(f"still connecting after {seconds:g} s"), seconds)
         try:
             return self.client
         finally:
@@ -327,4 +348,4 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
         col.modify(name=name)
 
 
-__all__ = ["CONNECT_TIMEOUT", "MAX_NAMES", "REQUEST_TIMEOUT", "SCHEMA_VERSION", "Store", "unreachable", "validate_name"]
+__all__ = ["MAX_NAMES", "REQUEST_TIMEOUT", "SCHEMA_VERSION", "Store", "unreachable", "validate_name"]
