@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -16,6 +17,26 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FAKE_EMBEDDER = "test-fake-embedder"
+
+
+@pytest.fixture
+def no_warmup(monkeypatch):
+    """MCP servers built in the test start no background model warm-up."""
+    monkeypatch.setenv("RESEARCH_AGENT_WARMUP", "false")
+
+
+@contextlib.contextmanager
+def isolated_container(root: Path):
+    """A real container (packaged model, offline) with its store, config, data and working dir under `root`:
+    for module-scoped fixtures, which the per-test isolated_env does not cover."""
+    from research_agent.container import build_container
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("XDG_CONFIG_HOME", str(root / "config"))
+        mp.setenv("XDG_DATA_HOME", str(root / "data"))
+        mp.chdir(root)
+        yield build_container(store=str(root / "store"))
 
 
 @pytest.fixture(autouse=True)

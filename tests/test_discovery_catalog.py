@@ -109,15 +109,10 @@ def test_message_advice_is_true_to_the_bands_listed():
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory):
     """The 15-server slice ingested once, real packaged model; its manifest and tasks."""
-    from research_agent.container import build_container
+    from conftest import isolated_container
 
     root = tmp_path_factory.mktemp("toolgym")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("XDG_CONFIG_HOME", str(root / "config"))
-        mp.setenv("XDG_DATA_HOME", str(root / "data"))
-        mp.chdir(root)
-        c = build_container(store=str(root / "store"))
+    with isolated_container(root) as c:
         collections.create_collection(c, "tools")
         report = ingest.ingest_path(c, SLICE / "catalog", "tools", recursive=True, include=["*.md"])
         assert report.added == 15 and not report.failed

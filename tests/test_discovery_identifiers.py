@@ -64,7 +64,7 @@ def test_identifiers_are_code_like_words_not_brand_names():
 @pytest.fixture(scope="module")
 def code_base(tmp_path_factory):
     """_MODULES generated modules plus the one defining RESERVED_PREFIX, ingested with the real model."""
-    from research_agent.container import build_container
+    from conftest import isolated_container
 
     root = tmp_path_factory.mktemp("codebase")
     src = root / "src"
@@ -73,12 +73,7 @@ def code_base(tmp_path_factory):
     for i in range(_MODULES):
         (src / f"mod_{i:03d}.py").write_text(_module(i, rng), encoding="utf-8")
     (src / "registry_keys.py").write_text(_TARGET, encoding="utf-8")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("XDG_CONFIG_HOME", str(root / "config"))
-        mp.setenv("XDG_DATA_HOME", str(root / "data"))
-        mp.chdir(root)
-        c = build_container(store=str(root / "store"))
+    with isolated_container(root) as c:
         collections.create_collection(c, "code")
         report = ingest.ingest_path(c, src, "code", recursive=True, include=["*.py"])
         assert report.added == _MODULES + 1 and not report.failed

@@ -199,8 +199,8 @@ def anyio_backend():
 
 
 @pytest.fixture
-def _no_warmup(monkeypatch):
-    monkeypatch.setenv("RESEARCH_AGENT_WARMUP", "false")
+def _no_warmup(no_warmup):
+    """conftest.no_warmup under this file's older name."""
 
 
 def _size(error: MCPError) -> int:

@@ -33,8 +33,8 @@ def anyio_backend():
 
 
 @pytest.fixture(autouse=True)
-def _no_warmup(monkeypatch):
-    monkeypatch.setenv("RESEARCH_AGENT_WARMUP", "false")
+def _no_warmup(no_warmup):
+    """Every test here: no background model warm-up (conftest.no_warmup)."""
 
 
 async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
