@@ -308,29 +308,39 @@ async def test_both_names_of_an_aliased_argument_say_give_only_one(_no_warmup):
     assert "give only one of collection, collection_name" in info.value.error.message, info.value.error.message
 
 
-@pytest.mark.anyio
-async def test_a_read_timed_out_by_the_model_warm_up_says_so(monkeypatch):
-    """The warm-up wait now counts toward the call timeout; its -32005 blames the warm-up, not the request."""
+async def query_with_held_model(monkeypatch: Any, *, warmup: bool, loads: bool) -> Any:
+    """The error a query_knowledge_base call ends with while the embedding model's load is held past the 2 s
+    call timeout (then the real loader when `loads`, else a ConfigError); warm-up on or off."""
     from research_agent import embeddings
     from research_agent.errors import ConfigError
 
     release = threading.Event()
+    real = embeddings.load_model
 
-    def held_load(*args: Any, **kwargs: Any) -> Any:  # the real loader, stopped before it loads anything
+    def held_load(*args: Any, **kwargs: Any) -> Any:
         release.wait(HANG_BOUND)
-        raise ConfigError("the held model never loads")
+        if not loads:
+            raise ConfigError("the held model never loads")
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(embeddings, "_cache", {})
     monkeypatch.setattr(embeddings, "load_model", held_load)
-    for key, value in (("WARMUP", "true"), ("CALL_TIMEOUT", "2"), ("RERANK", "false")):
+    for key, value in (("WARMUP", str(warmup).lower()), ("CALL_TIMEOUT", "2"), ("RERANK", "false")):
         monkeypatch.setenv(f"RESEARCH_AGENT_{key}", value)
     try:
         async with Client(mcp_server.mcp) as client:
-            await client.list_tools()  # starts the warm-up
+            if warmup:
+                await client.list_tools()  # starts the warm-up
             await client.call_tool("manage_collections", {"action": "create", "collection_name": "kbase"})
             with anyio.fail_after(HANG_BOUND), pytest.raises(MCPError) as info:
                 await client.call_tool("query_knowledge_base", {"query": "retries", "collections": ["kbase"]})
     finally:
         release.set()
-    error = info.value.error
+    return info.value.error
+
+
+@pytest.mark.anyio
+async def test_a_read_timed_out_by_the_model_warm_up_says_so(monkeypatch):
+    """The warm-up wait now counts toward the call timeout; its -32005 blames the warm-up, not the request."""
+    error = await query_with_held_model(monkeypatch, warmup=True, loads=False)
     assert error.code == -32005 and "warm-up" in error.message and error.data["warmup"] is True, error

@@ -145,28 +145,8 @@ def test_a_warm_up_with_a_late_store_reports_done_once_the_store_connects(monkey
 @pytest.mark.anyio
 async def test_a_call_timed_out_while_loading_the_model_itself_says_so(monkeypatch):
     """With the warm-up off, a query loads the model in its own budget; its -32005 said "Narrow the request"."""
-    from research_agent import embeddings
+    from test_mcp_call_policy import query_with_held_model
 
-    release = threading.Event()
-    real = embeddings.load_model
-
-    def held_load(*args: Any, **kwargs: Any) -> Any:  # the real loader, held past the call timeout
-        release.wait(HANG_BOUND)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(embeddings, "_cache", {})
-    monkeypatch.setattr(embeddings, "load_model", held_load)
-    for key, value in (("WARMUP", "false"), ("CALL_TIMEOUT", "2"), ("RERANK", "false")):
-        monkeypatch.setenv(f"RESEARCH_AGENT_{key}", value)
-    from mcp.shared.exceptions import MCPError
-
-    try:
-        async with Client(mcp_server.mcp) as client:
-            await client.call_tool("manage_collections", {"action": "create", "collection_name": "kbase"})
-            with anyio.fail_after(HANG_BOUND), pytest.raises(MCPError) as info:
-                await client.call_tool("query_knowledge_base", {"query": "retries", "collections": ["kbase"]})
-    finally:
-        release.set()
-    error = info.value.error
+    error = await query_with_held_model(monkeypatch, warmup=False, loads=True)
     assert error.code == -32005 and "loading the embedding model" in error.message, error
     assert "Narrow the request" not in error.message and error.data["retryable"] is True, error
