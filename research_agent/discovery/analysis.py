@@ -12,7 +12,7 @@ from datetime import date
 
 from research_agent.text import discovery_terms as terms
 
-__all__ = ["terms", "identifiers", "first_sentence", "parse_date", "count_tokens", "to_plain"]
+__all__ = ["terms", "identifiers", "defined_identifiers", "first_sentence", "parse_date", "count_tokens", "to_plain"]
 
 #: Markdown markup -> its text. Every rule is linear in the text: a scan that may fail stops at the next
 #: character that could start another try ("[" for links and their targets, "*" for emphasis), so no two
@@ -55,6 +55,21 @@ def identifiers(text: str) -> dict[str, str]:
         if len(m) >= _MIN_IDENTIFIER:
             found.setdefault(m.lower(), m)
     return found
+
+
+#: Where a code-like word is defined rather than mentioned: after a defining keyword (`def compute_x`,
+#: `class RevisionCacheKey`, `const maxChars`), or leading its line and followed by `=` or `:` (`RESERVED_PREFIX =
+#: "__ra_"`, `node_id: str`, a YAML key). A comment (`# TODO: compute_x`) or prose never leads its line with
+#: the word, so it stays a mention (issue 14, fourth round: a TODO comment outranked the definition).
+_DEFINITION = re.compile(
+    r"\b(?:def|class|const|let|var|function|fn|func|type|struct|enum|interface|trait|macro)\s+([A-Za-z_][\w]*)"
+    r"|^[ \t]*(?:export[ \t]+)?([A-Za-z_]\w*)[ \t]*(?::(?!:)|=(?!=))", re.M)
+
+
+def defined_identifiers(text: str) -> set[str]:
+    """The code-like words (lowercased, as `identifiers` keys them) that `text` defines (see _DEFINITION)."""
+    names = {a or b for a, b in _DEFINITION.findall(text)}
+    return {n.lower() for n in names if n and len(n) >= _MIN_IDENTIFIER and _IDENTIFIER.fullmatch(n)}
 
 
 def first_sentence(text: str, header_line: bool = True) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from research_agent.discovery.analysis import count_tokens, first_sentence, identifiers, parse_date
+from research_agent.discovery.analysis import count_tokens, defined_identifiers, first_sentence, identifiers, parse_date
 from research_agent.storage.chunks import visible_chunks
 from research_agent.storage.revision_cache import RevisionCache
 from research_agent.text import discovery_terms as terms
@@ -52,6 +52,7 @@ class Node:
     title_terms: frozenset[str] = frozenset()
     terms: frozenset[str] = frozenset()
     idents: frozenset[str] = frozenset()  # code-like words, lowercased (analysis.identifiers)
+    defines: frozenset[str] = frozenset()  # those of idents the node defines (analysis.defined_identifiers)
     # filled after the tree is known
     eff_type: str | None = None
     eff_status: str | None = None
@@ -87,6 +88,7 @@ class NodeIndex:
     newest_checked: date | None = None
     row_nodes: list[str] = field(default_factory=list)  # matrix row -> node id
     ident_nodes: dict[str, list[str]] = field(default_factory=dict)  # identifier -> ids of the nodes holding it
+    ident_defs: dict[str, list[str]] = field(default_factory=dict)  # identifier -> ids of the nodes defining it
 
     def top_dense(self, qvec: Any, n: int) -> list[str]:
         """Ids of the nodes owning the `n` chunks most similar to the (unit) query vector."""
@@ -215,6 +217,7 @@ def _link_and_analyse(nodes: dict[str, Node], order: list[str]) -> tuple[Counter
         node.title_terms = frozenset(terms(title_text))
         node.terms = frozenset(terms(text)) | node.title_terms | frozenset(terms(node.document_title))
         node.idents = frozenset(identifiers(" ".join((text, node.header_path, node.document_title))))
+        node.defines = frozenset(defined_identifiers(text)) & node.idents
         df.update(node.terms)
         checked = parse_date(node.last_checked)
         if checked and (newest is None or checked > newest):
@@ -243,14 +246,14 @@ def _build_index(c: Container, collection: str, col: Any) -> NodeIndex:
         for r in nodes[nid].rows:
             row_nodes[r] = nid
     return NodeIndex(collection, nodes, order, matrix, df, blocks, documents, newest, row_nodes,
-                     _ident_postings(nodes, order))
+                     _ident_postings(nodes, order, "idents"), _ident_postings(nodes, order, "defines"))
 
 
-def _ident_postings(nodes: dict[str, Node], order: list[str]) -> dict[str, list[str]]:
-    """Identifier -> the nodes holding it, in document order: its document frequency and its candidates."""
+def _ident_postings(nodes: dict[str, Node], order: list[str], attr: str) -> dict[str, list[str]]:
+    """Identifier -> the nodes holding (attr "idents") or defining ("defines") it, in document order."""
     postings: dict[str, list[str]] = {}
     for nid in order:
-        for ident in nodes[nid].idents:
+        for ident in getattr(nodes[nid], attr):
             postings.setdefault(ident, []).append(nid)
     return postings
 

@@ -70,6 +70,9 @@ MIN_TASK_TERMS = scoring.MIN_TASK_TERMS
 # do: dense and BM25 candidates (40 chunks each) can miss the one file of 1,100 that defines it, and an
 # identifier held by more nodes than this names no single one (its `identifier` weight is under 0.23).
 IDENTIFIER_MAX_HOLDERS = 20
+# When some node defines a task identifier, a node that only mentions it (a comment, prose, a call) gets this
+# share of the 1 / sqrt(holders) weight, and the definers get 1 / sqrt(definers) (see _ident_evidence).
+MENTION_SHARE = 0.5
 
 
 @dataclass
@@ -174,6 +177,8 @@ class _TaskWords:
     surface: dict[str, str]
     idents: dict[str, float] = field(default_factory=dict)  # task identifier -> scoring.identifier_weight
     ident_surface: dict[str, str] = field(default_factory=dict)  # task identifier -> as the task writes it
+    # task identifiers some searched node defines -> the weight of a node that only mentions one
+    mention: dict[str, float] = field(default_factory=dict)
 
 
 def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
@@ -189,8 +194,33 @@ def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
     # endpoint): a task shorter than MIN_TASK_TERMS counts as padded with unknown words.
     total_weight = sum(weight.values()) + max(0, MIN_TASK_TERMS - len(qterms)) * math.log(1 + n_total)
     written = identifiers(task)
-    idents = {i: scoring.identifier_weight(sum(len(ix.ident_nodes.get(i, ())) for ix in indexes)) for i in written}
-    return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task, terms), idents, written)
+    defined = {i for i in written if any(ix.ident_defs.get(i) for ix in indexes)}
+    known = _rest_known(qterms, weight, df, written)
+    idents = {i: known * scoring.identifier_weight(_ident_df(i, indexes, i in defined)) for i in written}
+    mentions = {i: known * MENTION_SHARE * scoring.identifier_weight(_ident_df(i, indexes, False)) for i in defined}
+    return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task, terms), idents, written, mentions)
+
+
+def _ident_df(ident: str, indexes: list[NodeIndex], defined: bool) -> int:
+    """How many nodes an identifier could name: those defining it when any does, else those holding it."""
+    return sum(len((ix.ident_defs if defined else ix.ident_nodes).get(ident, ())) for ix in indexes)
+
+
+def _rest_known(qterms: list[str], weight: dict[str, float], df: Counter, written: dict[str, str]) -> float:
+    """The IDF-weighted share of the task's other content words (not the identifiers' parts) the base uses.
+
+    Why: an identifier is evidence about the node only when the task is about what the base is about.
+    "plan a wedding seating chart with RESERVED_PREFIX guests" named a real constant and scored 0.75
+    (should_load) on our docs, though "wedding", "seating", "chart" and "guests" occur nowhere (issue 14,
+    fourth round); "debug RESERVED_PREFIX validation" keeps the whole prior (both other words are known).
+    A task of identifiers alone keeps it too (1.0).
+    """
+    parts = set(terms(" ".join(written.values())))
+    rest = [t for t in qterms if t not in parts]
+    total = sum(weight[t] for t in rest)
+    if total <= 0:
+        return 1.0
+    return sum(weight[t] for t in rest if df[t] > 0) / total
 
 
 def score_nodes(c: Container, task: str, indexes: list[NodeIndex], nominated: Nominated,
@@ -220,13 +250,27 @@ def _evidence(ix: NodeIndex, node: Node, q: Any, words: _TaskWords, rules: Boost
     surface = words.surface
     key = max(words.terms, key=lambda t: words.weight[t], default=None)
     named = sorted((i for i in words.idents if i in node.idents and words.idents[i] > 0),
-                   key=lambda i: -words.idents[i])
+                   key=lambda i: -_ident_evidence(i, node, words))
     return Scored(node, ix, 0.0, dense, coverage, title_cov,
                   [surface.get(t, t) for t in hit_title],
                   [surface.get(t, t) for t in sorted(hit_body, key=lambda t: -words.weight[t])],
                   rules.factors(node), key_word=key is not None and key in node.terms, task_terms=words.terms,
-                  identifier=words.idents[named[0]] if named else 0.0,
+                  identifier=_ident_evidence(named[0], node, words) if named else 0.0,
                   matched_idents=[words.ident_surface[i] for i in named])
+
+
+def _ident_evidence(ident: str, node: Node, words: _TaskWords) -> float:
+    """The `identifier` feature a node gets for one task identifier: less for a mere mention when a node defines it.
+
+    Why: a weather module whose only mention of `compute_ledger_balance` was a TODO comment ranked first
+    (0.737) over the file defining the function (0.647) for "fix compute_ledger_balance rounding" (issue 14,
+    fourth round). A mention still counts (MENTION_SHARE): "where is max_query_chars enforced?" wants the
+    code that checks the setting, not the settings class that defines it (our docs and code: the checking
+    function 0.76 with the whole prior, 0.48 with none).
+    """
+    if ident in words.mention and ident not in node.defines:
+        return words.mention[ident]
+    return words.idents[ident]
 
 
 def feature_rows(scored: list[Scored], keyword: dict[tuple[str, str], tuple[int, float]]) -> list[dict[str, float]]:

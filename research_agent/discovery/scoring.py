@@ -38,6 +38,9 @@ every answer (issue 14). The evidence per candidate node is cheap and mostly sca
   (the only evidence that kept the whole token) down: "debug RESERVED_PREFIX validation" fell from 0.88 to
   0.67 on our own docs and code, and an identifier in one file of 1,100 left the top 10 (issue 14, third
   round). IDENTIFIER_COEF logits for a single holder make it the leader on that evidence alone.
+  ranking.py limits it (fourth round): when a node defines the identifier, df counts definitions and a mere
+  mention gets half its holders' weight (a TODO comment outranked the definition), and it is scaled by the
+  share of the task's other words the base knows (a wedding-planning task naming RESERVED_PREFIX: 0.75).
 
 A logistic model over them gives the probability; boosts (boosts.py) then multiply its odds, as before.
 The coefficients below were fitted by benchmarks/fit_discovery.py on the *dev* tasks of the ToolGym
