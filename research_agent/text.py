@@ -42,6 +42,19 @@ def clean_text(text: str) -> str:
     return _LONE_SURROGATE.sub("\ufffd", text)
 
 
+def checked_text(value: Any, limit: int, *, name: str, empty: str, too_long: str) -> str:
+    """A query-like argument (a query, a task description): a non-blank string of at most `limit` characters,
+    stripped and cleaned (clean_text); a coded QueryError naming `name`, with guidance `empty` or `too_long`,
+    otherwise. One check for search and discovery, so the two cannot drift."""
+    from research_agent.errors import QueryError
+
+    if not isinstance(value, str) or not value.strip():
+        raise QueryError(f"The {name} is empty", guidance=empty)
+    if len(value) > limit:
+        raise QueryError(f"The {name} has {len(value)} characters; the limit is {limit}", guidance=too_long)
+    return clean_text(value.strip())
+
+
 # -- the stemmer ------------------------------------------------------------------------------------
 _local = threading.local()
 

@@ -41,7 +41,7 @@ from research_agent.discovery.node_index import (
 )
 from research_agent.errors import CollectionError, DocumentError, QueryError
 from research_agent.storage.registry import project_key
-from research_agent.text import clean_text
+from research_agent.text import checked_text
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -49,12 +49,9 @@ if TYPE_CHECKING:
 
 # -- discover_context --------------------------------------------------------------------------------------
 def _validate_task(task: Any, settings: Any) -> str:
-    if not isinstance(task, str) or not task.strip():
-        raise QueryError("The task description is empty", guidance="Describe the task you are about to do.")
-    if len(task) > settings.max_query_chars:
-        raise QueryError(f"The task description has {len(task)} characters; the limit is {settings.max_query_chars}",
-                         guidance="Summarise the task in a few sentences.")
-    return clean_text(task.strip())  # an MCP client's JSON may carry lone surrogates ("\udcff")
+    return checked_text(task, settings.max_query_chars, name="task description",
+                        empty="Describe the task you are about to do.",
+                        too_long="Summarise the task in a few sentences.")
 
 
 def _validate_task_type(task_type: str | None) -> str | None:
@@ -83,7 +80,8 @@ def discover_context(c: Container, task_description: str, *, task_type: str | No
     task = _validate_task(task_description, s)
     task_type = _validate_task_type(task_type)
     if not isinstance(max_results, int) or not 1 <= max_results <= s.max_top_k:
-        raise QueryError(f"max_results must be between 1 and {s.max_top_k}", guidance="Pass a smaller --max-results.")
+        raise QueryError(f"max_results must be between 1 and {s.max_top_k}",
+                         guidance=f"Pass a --max-results from 1 to {s.max_top_k}.")
     c.store.refresh()
     names = resolve_collections(c, collections, project)
     timings: dict[str, float] = {}

@@ -17,7 +17,7 @@ from research_agent.search import calibration
 from research_agent.search.filters import validate_filters
 from research_agent.search.refine import QueryRefinement, refine
 from research_agent.search.retrieve import Candidate, cap_per_document, retrieve_candidates
-from research_agent.text import clean_text, snippet
+from research_agent.text import checked_text, clean_text, snippet
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -56,12 +56,8 @@ def relevance_label(score: float, settings: Any) -> str:
 
 def validate_query(query: Any, settings: Any) -> str:
     """The query, stripped, with lone surrogates replaced (clean_text: the tokenizers raised TypeError on them)."""
-    if not isinstance(query, str) or not query.strip():
-        raise QueryError("The query is empty", guidance="Ask a question or give search terms.")
-    if len(query) > settings.max_query_chars:
-        raise QueryError(f"The query has {len(query)} characters; the limit is {settings.max_query_chars}",
-                         guidance="Shorten the query, or pass long text as --document-context.")
-    return clean_text(query.strip())
+    return checked_text(query, settings.max_query_chars, name="query", empty="Ask a question or give search terms.",
+                        too_long="Shorten the query, or pass long text as --document-context.")
 
 
 def validate_context(document_context: Any) -> str | None:
