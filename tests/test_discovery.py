@@ -147,7 +147,9 @@ def test_discover_bad_input(kb):
 
 
 def test_resources_on_the_golden_set(kb):
-    resources = discovery.list_knowledge_resources(kb)
+    listed = discovery.list_knowledge_resources(kb)
+    resources = listed["resources"]
+    assert listed["total"] == 9 and listed["next_cursor"] is None
     uris = {r["uri"] for r in resources}
     assert "knowledge://knowledge/knowledge/guidelines/testing.md" in uris and len(resources) == 9
     res = next(r for r in resources if r["uri"].endswith("testing.md"))
@@ -448,7 +450,7 @@ def test_prompts_name_our_tools():
 
 def test_empty_store_and_empty_collection(container, fake_embedder):
     assert discovery.list_knowledge_bases(container).knowledge_bases == []
-    assert discovery.list_knowledge_resources(container) == []
+    assert discovery.list_knowledge_resources(container) == {"resources": [], "total": 0, "next_cursor": None}
     collections.create_collection(container, "empty")
     res = discovery.discover_context(container, "anything at all here")
     assert res.recommendations == [] and res.total_available == 0 and "No knowledge relevant" in res.message

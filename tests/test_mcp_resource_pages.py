@@ -73,7 +73,26 @@ async def test_every_document_is_readable_through_next_uri(fake_embedder):
     assert sorted(d["document"] for d in listed) == sorted(f"docs/{k}" for k in keys) and pages >= 2
 
 
+async def test_every_knowledge_file_is_readable_through_next_uri(fake_embedder):
+    """research://knowledge was one unbounded list (each entry names its node ids): ~700 KB on a 334-file
+    store. It pages like the others now; following next_uri reads every file once."""
+    folder = Path.cwd() / "kb"
+    folder.mkdir()
+    keys = [f"area-{i % 5}/topic-number-{i:03d}-{'q' * 30}.md" for i in range(120)]
+    for key in keys:
+        (folder / key).parent.mkdir(parents=True, exist_ok=True)
+        sections = "".join(f"\n## Part {j} of {key}\n\nText {j}.\n" for j in range(6))
+        (folder / key).write_text(f"# Topic {key}\n{sections}", encoding="utf-8")
+    async with Client(mcp_server.mcp) as client:
+        await client.call_tool("manage_collections", {"action": "create", "collection_name": "knw"})
+        await client.call_tool("ingest_documents", {"path": str(folder), "collection": "knw"})
+        listed, pages = await _read_all(client, "research://knowledge", "resources")
+    uris = [r["uri"] for r in listed]
+    assert sorted(uris) == sorted(f"knowledge://knw/kb/{k}" for k in keys) and pages >= 2
+
+
 async def test_resource_templates_offer_the_cursor():
     async with Client(mcp_server.mcp) as client:
         templates = {t.uriTemplate for t in await client.list_resource_templates()}
-    assert {"research://collections{?cursor}", "research://collections/{name}/documents{?cursor}"} <= templates
+    assert {"research://collections{?cursor}", "research://collections/{name}/documents{?cursor}",
+            "research://knowledge{?cursor}"} <= templates

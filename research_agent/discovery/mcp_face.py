@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
+from research_agent.catalog.common import paginate
 from research_agent.discovery.analysis import count_tokens
 from research_agent.discovery.node_index import INHERITED, Node, NodeIndex, load_indexes, schema_fields
 from research_agent.errors import CollectionError, DocumentError
@@ -56,20 +59,36 @@ def _file_metadata(ix: NodeIndex, path: str, nodes: list[Node]) -> dict[str, Any
             "nodes": [n.id for n in nodes]}
 
 
-def list_knowledge_resources(c: Container) -> list[dict[str, Any]]:
-    """One resource per ingested file: uri knowledge://{collection}/{path}, name, mimeType, metadata."""
+class KnowledgeResource(BaseModel):
+    """One entry of research://knowledge (a page holds these; see list_knowledge_resources)."""
+
+    uri: str
+    name: str
+    mimeType: str = "text/markdown"  # noqa: N815 - MCP's own field name
+    metadata: dict[str, Any]
+
+
+def list_knowledge_resources(c: Container, *, limit: int | None = None,
+                             cursor: str | None = None) -> dict[str, Any]:
+    """One page of resources, one per ingested file: uri knowledge://{collection}/{path}, name, mimeType,
+    metadata; with `total` and `next_cursor` (catalog/common.py's paging rule: 100 items or 24 KB).
+
+    Why paged: each entry lists its node ids, so a 334-file store answered this read with about 700 KB,
+    more than an agent's context can take (issue 15); every other list already pages."""
     try:
         indexes = load_indexes(c, None)
     except CollectionError:
-        return []
-    out = []
-    for ix in indexes:
-        for path, nids in ix.documents.items():
-            nodes = [ix.nodes[n] for n in nids]
-            meta = _file_metadata(ix, path, nodes)
-            out.append({"uri": f"knowledge://{ix.collection}/{path}", "name": meta["title"],
-                        "mimeType": "text/markdown", "metadata": meta})
-    return out
+        indexes = []
+    files = [(ix, path, nids) for ix in indexes for path, nids in ix.documents.items()]
+
+    def view(item: tuple[NodeIndex, str, list[str]]) -> KnowledgeResource:
+        ix, path, nids = item
+        meta = _file_metadata(ix, path, [ix.nodes[n] for n in nids])
+        return KnowledgeResource(uri=f"knowledge://{ix.collection}/{path}", name=meta["title"], metadata=meta)
+
+    shown, page = paginate(files, lambda f: f"{f[0].collection}\n{f[1]}", "knowledge", view,
+                           limit=limit, cursor=cursor)
+    return {"resources": [r.model_dump() for r in shown], **page.model_dump()}
 
 
 def task_preparation_prompt(task: str) -> str:

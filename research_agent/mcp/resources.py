@@ -28,11 +28,16 @@ async def knowledge_file_resource(collection: str, path: str, ctx: Context) -> s
     return text
 
 
-async def knowledge_index_resource(ctx: Context) -> dict[str, Any]:
+async def knowledge_index_resource(ctx: Context, cursor: str | None = None) -> dict[str, Any]:
     from research_agent.discovery import list_knowledge_resources
 
-    return {"resources": await Calls("resource knowledge index").read(ctx, list_knowledge_resources,
-                                                                      container(ctx))}
+    page = await Calls("resource knowledge index").read(ctx, list_knowledge_resources, container(ctx),
+                                                        cursor=cursor)
+    return with_next_uri(page, "research://knowledge")
+
+
+async def knowledge_first_page_resource(ctx: Context) -> dict[str, Any]:
+    return await knowledge_index_resource(ctx)
 
 
 def with_next_uri(page: dict[str, Any], uri: str) -> dict[str, Any]:
@@ -95,11 +100,14 @@ def register(mcp: FastMCP) -> None:
     mcp.resource("knowledge://{collection}/{path*}", name="knowledge-file", mime_type="text/markdown",
                  description="A whole ingested knowledge file, reassembled from its chunks; `path` is the document "
                              "key (e.g. knowledge/guidelines/testing.md).")(knowledge_file_resource)
+    pages = " One page (at most 100 items, about 24 KB); read next_uri for the next, until it is null."
     mcp.resource("research://knowledge", name="knowledge-index", mime_type=json,
                  description="Every knowledge file as {uri, name, mimeType, metadata: {id, type, status, "
-                             "last_checked, node_count, nodes}}; read one with its knowledge:// uri.",
+                             "last_checked, node_count, nodes}}; read one with its knowledge:// uri." + pages,
+                 )(knowledge_first_page_resource)
+    mcp.resource("research://knowledge{?cursor}", name="knowledge-index-page", mime_type=json,
+                 description="A further page of research://knowledge (cursor: the previous page's next_cursor)."
                  )(knowledge_index_resource)
-    pages = " One page (at most 100 items, about 24 KB); read next_uri for the next, until it is null."
     mcp.resource("research://collections", name="collections", mime_type=json,
                  description="The collections with their type, description, projects and document and chunk "
                              "counts." + pages)(collections_resource)
