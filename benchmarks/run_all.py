@@ -203,6 +203,8 @@ def main() -> None:
     for label, key, value in results:
         print(f"{label + '  ' + key:<{width}}  {value}")
     print(f"\nwritten to {args.out}")
+    # write() rewrote RESULTS.md whole, dropping its chart links: redraw the charts and put the links back.
+    subprocess.run([sys.executable, str(Path(__file__).with_name("charts.py"))], check=False)
 
 
 def write(path: Path, results: list[tuple[str, str, str]], info: dict[str, str]) -> None:
