@@ -236,13 +236,31 @@ def update_note(
 
 @app.command("get")
 def get(ctx: typer.Context,
-        document: str = typer.Argument(..., metavar="DOC", help="Document id (see list-documents) or file path."),
-        collection: str = COLLECTION) -> None:
-    """Print a document's full text, reassembled from its chunks."""
-    from research_agent.ingest import get_document
+        document: str = typer.Argument(..., metavar="DOC", help="Document id (see list-documents) or file path; "
+                                                                "DOC:10-20 or DOC:42 reads those lines."),
+        collection: str = COLLECTION,
+        lines: Optional[str] = typer.Option(None, "--lines", metavar="N-M",
+                                            help="Only these lines: 42, 10-20 or 10- (to the end).")) -> None:
+    """Print a document's text with line numbers, reassembled from its chunks.
 
+    Numbers are the file's lines, front matter counted (research and notes: their stored text's lines).
+
+    PDF, HTML and DOCX: the lines of the stored text. A range past the end stops at the last line.
+
+    `N…` marks lines no chunk stores (blank lines, front matter, markup); `N~` a line given approximately.
+
+    Examples:
+
+      research-agent kb get docs/guide.md --collection project-docs --lines 10-20
+
+      research-agent kb get docs/guide.md:42 --collection project-docs
+    """
+    from research_agent.ingest.documents import get_document, parse_line_range
+
+    start, end = parse_line_range(lines) if lines is not None else (None, None)
     state = get_state(ctx)
-    render.emit(state, state.read(get_document, collection, document), render.document_content)
+    render.emit(state, state.read(get_document, collection, document, line_start=start, line_end=end),
+                render.document_content)
 
 
 @app.command("watch")

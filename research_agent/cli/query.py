@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import typer
 
@@ -40,6 +41,8 @@ def query(
 ) -> None:
     """Search the knowledge base.
 
+    Each hit names where it is, for an editor: `docs/guide.md:42` (file and first line; `kb get` reads around it).
+
     Examples:
 
       research-agent query "how do I roll back a release" --collections ops-docs
@@ -50,8 +53,6 @@ def query(
 
       echo "retry policy" | research-agent query -
     """
-    from research_agent.search.service import query_knowledge
-
     if collections is not None and project is not None:
         raise typer.BadParameter("pass either --collections or --project, not both", param_hint="'--project'")
     state = get_state(ctx)
@@ -61,10 +62,23 @@ def query(
     context = _context(document_context, context_file)
     if text == "-":  # the query from a pipe or a here-document, as `kb add-research -` reads its content
         text = read_stdin().strip()
-    result = state.read(query_knowledge, text, collections=split_names(collections), project=project,
-                        top_k=top_k, document_context=context, mode=mode, rerank=not no_rerank,
-                        filters=parse_filters(filter), max_tokens=max_tokens, snippets=snippets)
-    render.emit(state, result, render.query_result)
+    result, paths = state.read(_query_with_paths, text, not state.json, collections=split_names(collections),
+                               project=project, top_k=top_k, document_context=context, mode=mode,
+                               rerank=not no_rerank, filters=parse_filters(filter), max_tokens=max_tokens,
+                               snippets=snippets)
+    render.emit(state, result, functools.partial(render.query_result, paths=paths))
+
+
+def _query_with_paths(c: Any, text: str, with_paths: bool, **options: Any) -> tuple[Any, dict[Any, str | None]]:
+    """The query result and, for people, the file path of each hit's document (for `path:line`), in one read."""
+    from research_agent.ingest.documents import document_paths
+    from research_agent.search.service import query_knowledge
+
+    result = query_knowledge(c, text, **options)
+    if not with_paths:
+        return result, {}
+    return result, document_paths(c, [(hit.metadata.get("collection", ""), hit.source_document)
+                                      for hit in result.results])
 
 
 def _context(text: str | None, file: Path | None) -> str | None:

@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -254,15 +255,32 @@ def _snippet(text: str, limit: int = 240) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
-def query_result(console: Console, r: Any) -> None:
+def hit_location(hit: Any, path: str | None, cwd: Path | None = None) -> str:
+    """Where a hit is, for an editor: `docs/guide.md:42` (its file relative to `cwd` when inside it, else
+    absolute, and its first line); a research or note hit shows its document key (`kb get KEY:42` reads it);
+    a PDF hit its page."""
+    meta = hit.metadata
+    where = hit.source_document
+    if path:
+        cwd = cwd or Path.cwd().resolve()
+        where = Path(path).relative_to(cwd).as_posix() if Path(path).is_relative_to(cwd) else path
+    line, page = meta.get("line_start"), meta.get("page")
+    if isinstance(line, int):
+        return f"{where}:{line}"
+    return f"{where} (page {page})" if isinstance(page, int) else where
+
+
+def query_result(console: Console, r: Any, paths: dict[Any, str | None] | None = None) -> None:
     warn(r.warnings)
     # No warning when reranking was turned off (--no-rerank, rerank: false): the user asked for it. A reranker
     # that was wanted but could not load arrives as one of r.warnings.
     if not r.results:
         console.print(f"No results in {escape(', '.join(r.collections))}.")
+    cwd = Path.cwd().resolve()
     for rank, hit in enumerate(r.results, start=1):
+        path = (paths or {}).get((hit.metadata.get("collection", ""), hit.source_document))
         console.print(f"[bold]{rank}.[/bold] [green]{hit.relevance_score:.3f}[/green] {escape(hit.relevance_label)}  "
-                      f"[cyan]{escape(hit.source_document)}[/cyan]"
+                      f"[cyan]{escape(hit_location(hit, path, cwd))}[/cyan]"
                       + (f"  [dim]{escape(hit.header_path)}[/dim]" if hit.header_path else ""))
         console.print(f"   {escape(_snippet(hit.content))}")
     refinement = r.query_refinement
@@ -318,5 +336,32 @@ def doctor_report(console: Console, r: Any) -> None:
 
 
 def document_content(console: Console, d: Any) -> None:
+    """The title line, notes, then the lines as `cat -n` numbers them (a tab after the number); `N~` marks an
+    approximate line, `N…` (or `N-M…`) lines no chunk stores (--json gives each span's reason)."""
     console.print(f"[bold]{escape(d.title)}[/bold]  [dim]{escape(d.document)} ({d.kind}, {escape(d.source)})[/dim]")
-    console.print(d.content, highlight=False, markup=False)
+    legend = [f"{mark} {what}" for mark, what, spans in (
+        ("N…", "lines no chunk stores (blank lines, front matter or markup)", d.missing),
+        ("N~", "lines the chunks give only approximately (see --json: inexact)", d.inexact)) if spans]
+    for note in [*d.notes, *legend]:
+        console.print(f"[dim]note: {escape(note)}[/dim]")
+    if d.line_end >= d.line_start >= 1:
+        console.file.write(numbered_lines(d))  # written as stored: no markup, tab expansion or wrapping
+        console.file.flush()
+
+
+def numbered_lines(d: Any) -> str:
+    """`d.line_start`..`d.line_end` of a DocumentContent, one numbered line each, a missing run as one `N-M…`."""
+    text = {line.n: line.text for line in d.lines}
+    approximate = {n for span in d.inexact for n in range(span.line_start, span.line_end + 1)}
+    missing = {span.line_start: span.line_end for span in d.missing}
+    out: list[str] = []
+    n = d.line_start
+    while n <= d.line_end:
+        if n in missing:
+            end = missing[n]
+            out.append(f"{n if end == n else f'{n}-{end}':>6}…")
+            n = end + 1
+            continue
+        out.append(f"{n:>6}{'~' if n in approximate else ''}\t{text.get(n, '')}")
+        n += 1
+    return "".join(line + "\n" for line in out)

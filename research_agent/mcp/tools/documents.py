@@ -66,8 +66,10 @@ async def augment_knowledge(
 
 
 DOCUMENTS = Tool("A collection's documents and notes. Returns a page {documents, total, next_cursor} (list), the "
-                 "text (get), {deleted, chunks_removed} (remove), the note's key (add-note, update-note) or an "
-                 "ingest report (reindex: progress, no call timeout; prune).",
+                 "text with numbered lines {content, lines: [{n, text}], line_start, line_end, total_lines, missing, "
+                 "inexact} (get; file line numbers, as query hits cite them), {deleted, chunks_removed} (remove), "
+                 "the note's key (add-note, update-note) or an ingest report (reindex: progress, no call "
+                 "timeout; prune).",
                  title="Manage documents", idempotent=False,
                  returns=(DocumentList, DocumentContent, Deleted, AugmentResult, IngestReport),
                  actions={"list": "read", "get": "read", "add-note": "write", "update-note": "write",
@@ -82,7 +84,12 @@ async def manage_documents(
     collection: CollectionName,
     ctx: Context,
     document: Annotated[str | None, Field(
-        description="get, remove, update-note: the key list shows (or the file's path).")] = None,
+        description="get, remove, update-note: the key list shows (or the file's path); get also takes "
+                    "DOCUMENT:10-20 or DOCUMENT:42.")] = None,
+    line_start: Annotated[int | None, Field(description="get: first line (1-based), e.g. a hit's line_start.",
+                                            ge=1)] = None,
+    line_end: Annotated[int | None, Field(description="get: last line (default: to the end; past the end is "
+                                                      "cut there, with a note).", ge=1)] = None,
     content: Annotated[str | None, Field(description="add-note, update-note: Markdown.")] = None,
     title: Annotated[str | None, Field(description="add-note (required), update-note.")] = None,
     source: Annotated[str | None, Field(description="add-note: its origin.")] = None,
@@ -99,7 +106,8 @@ async def manage_documents(
     if action == "list":
         data = await call.act(ctx, action, svc.list_documents, c, collection, limit=limit, cursor=cursor)
     elif action == "get":
-        data = await call.act(ctx, action, svc.get_document, c, collection, require(document, "document", action))
+        data = await call.act(ctx, action, svc.get_document, c, collection, require(document, "document", action),
+                              line_start=line_start, line_end=line_end)
     elif action == "remove":
         data = await call.act(ctx, action, svc.remove_document, c, collection, require(document, "document", action))
     elif action == "add-note":

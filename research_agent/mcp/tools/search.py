@@ -13,7 +13,8 @@ from research_agent.mcp.params import COUNT_BOUND, Filters, MaxTokens, Snippets,
 from research_agent.search.service import QueryResult
 
 QUERY = Tool("Search the knowledge base: the most relevant chunks {content, source_document, header_path, "
-             "relevance_score (probability 0-1), relevance_label, metadata}; query_refinement says when the query "
+             "relevance_score (probability 0-1), relevance_label, metadata (line_start/line_end: the file lines the "
+             "chunk spans, page for PDFs; manage_documents get reads them)}; query_refinement says when the query "
              "is too broad or unclear, with suggestions.",
              title="Search the knowledge base", returns=(QueryResult,), read_only=True, idempotent=True)
 
