@@ -5,11 +5,14 @@ Usage (engines other than bm25s are installed outside the project venv, e.g.
   PYTHONPATH=/tmp/kwengines .venv/bin/python benchmarks/keyword_engines.py ranking [--sets scifact,nfcorpus] [--hybrid]
   PYTHONPATH=/tmp/kwengines .venv/bin/python benchmarks/keyword_engines.py costs --chunks 10000,100000 [--engines ...]
   PYTHONPATH=/tmp/kwengines .venv/bin/python benchmarks/keyword_engines.py crash --trials 20 --engines tantivy-rep-ours
+  .venv/bin/python benchmarks/keyword_engines.py scale   (fits keyword_index.SCORE_SCALE on train queries)
   (--chunks-cache DIR keeps the chunks and vectors for repeat runs; figures: benchmarks/README.md,
   "Keyword engines for issue 16")
 
-Engines (`ENGINES`): today's KeywordIndex (bm25s, BM25F by repeating title x2 / keywords x3, its own save/load);
-bm25s alone with its save/load (mmap); tantivy with three fields (keywords / title / content, boosts 3 / 2 / 1)
+Engines (`engines()`): the shipped index (`shipped-tantivy`: research_agent.search.keyword_index, i.e.
+tantivy-rep-ours with its state entry, scores x SCORE_SCALE; until issue 16 this slot held `today-bm25s`, the
+bm25s index rebuilt per write, whose figures stay in benchmarks/README.md); bm25s alone with its save/load
+(mmap); tantivy with three fields (keywords / title / content, boosts 3 / 2 / 1)
 or one repeated field, on our analyzer's tokens (stems joined by spaces, `whitespace` tokenizer, so the
 analyzers are identical) or on raw text with tantivy's `en_stem`; SQLite FTS5 with bm25(t, 3, 2, 1) or one
 repeated column, pre-tokenized the same way. Every engine on our tokens is queried with the same terms
@@ -186,41 +189,43 @@ class Engine:
         raise NotImplementedError
 
 
-class TodayEngine(Engine):
-    """Today's KeywordIndex: one bm25s index rebuilt per write, saved with its chunks (keyword_index.persist)."""
+class ShippedEngine(Engine):
+    """The shipped index (research_agent.search.keyword_index, the tantivy-rep-ours design with its state entry
+    and per-document commits); scores on bm25s's scale (x SCORE_SCALE). It replaced `today-bm25s` (the
+    rebuilt-per-write bm25s index; its figures are in benchmarks/README.md, its code in git history)."""
 
-    name = "today-bm25s"
+    name = "shipped-tantivy"
 
-    def build(self, folder: Path, rows: list[dict[str, Any]]) -> None:
-        from research_agent.search.keyword_index import Chunk, KeywordIndex
+    def build(self, folder: Path, rows: Any) -> None:
+        from research_agent.search.keyword_index import IndexState, KeywordIndex
 
-        self.folder, self.rows = folder, list(rows)
-        self.index = KeywordIndex([Chunk(r["id"], r["text"], r["meta"]) for r in self.rows])
-        self._save()
-
-    def _save(self) -> None:
-        from research_agent.search.keyword_index import persist
-
-        persist(self.index, self.folder, f"rev{time.time_ns()}-w2.3-a1-bm25sX")
+        self.index = KeywordIndex.open(folder, (2, 3))
+        self.index.apply([], ((r["doc"], _chunk(r)) for r in rows), IndexState(revision="built"), replace_all=True)
 
     def open(self, folder: Path) -> None:
         from research_agent.search.keyword_index import KeywordIndex
 
-        self.folder = folder
-        self.index = KeywordIndex.load(max(p for p in folder.iterdir() if not p.name.startswith(".")))
+        self.index = KeywordIndex.open(folder, (2, 3))
 
     def search(self, terms: list[str], k: int, query: str = "") -> list[tuple[str, float]]:
-        scores = self.index.scores(terms) if terms else None
-        return [(ch.id, s) for ch, s in self.index.top(scores, k)]
-
-    def _rebuild(self, rows: list[dict[str, Any]]) -> None:
-        self.build(self.folder, rows)
+        return [(ch.id, score) for ch, score in self.index.search(query, k)]
 
     def add(self, rows: list[dict[str, Any]]) -> None:
-        self._rebuild(self.rows + rows)
+        doc = rows[0]["doc"]
+        self.index.apply([doc], [(doc, _chunk(r)) for r in rows], self.index.state)
 
     def delete(self, doc: str) -> None:
-        self._rebuild([r for r in self.rows if r["doc"] != doc])
+        self.index.apply([doc], [], self.index.state)
+
+    def count(self, term: str) -> int:
+        self.index.reload()
+        return self.index._freq(term)
+
+
+def _chunk(r: dict[str, Any]) -> Any:
+    from research_agent.search.keyword_index import Chunk
+
+    return Chunk(r["id"], r["text"], r["meta"])
 
 
 class Bm25sEngine(Engine):
@@ -456,7 +461,7 @@ class Fts5Engine(Engine):
 
 def engines() -> dict[str, Any]:
     """Name -> factory of every engine measured."""
-    return {"today-bm25s": TodayEngine, "bm25s-mmap": Bm25sEngine,
+    return {"shipped-tantivy": ShippedEngine, "bm25s-mmap": Bm25sEngine,
             "tantivy-fields-ours": lambda: TantivyEngine("fields", "ours"),
             "tantivy-rep-ours": lambda: TantivyEngine("rep", "ours"),
             "tantivy-fields-en_stem": lambda: TantivyEngine("fields", "en_stem"),
@@ -486,7 +491,7 @@ def ranking(sets: list[str], names: list[str], cache_dir: Path | None, work: Pat
         terms = {q: ref.query_terms(text) for q, text in queries.items()}
         vecs, qvecs = dense_side(name, ids, queries, cache_dir) if hybrid else (None, None)
         train = judged_queries(name, 300, "train")[0] if hybrid else {}
-        ref_top = {q: ref.search(t, 1) for q, t in train.items()}
+        ref_top = bm25s_top(rows, ref, train, work / f"ref-{name}")
         out[name] = {}
         for ename in names:
             eng = engines()[ename]()
@@ -508,6 +513,37 @@ def ranking(sets: list[str], names: list[str], cache_dir: Path | None, work: Pat
                 out[name][f"{ename} hybrid, scores x{scale:.2f}"] = sum(hs) / len(hs)
             log(f"{name} {ename}: " + ", ".join(f"{k} {v:.4f}" for k, v in out[name].items() if k.startswith(ename)))
             shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def bm25s_top(rows: list[dict[str, Any]], ref: Any, queries: dict[str, str], folder: Path) -> dict[str, Any]:
+    """bm25s's best (id, score) per query: the scale the calibration and the adaptive weight were fitted on
+    (bm25s-mmap scores exactly as the former KeywordIndex did: BM25 "lucene", k1 1.5, the same tokens)."""
+    eng = Bm25sEngine()
+    eng.build(folder, rows)
+    eng.open(folder)
+    return {q: eng.search(ref.query_terms(text), 1) for q, text in queries.items()}
+
+
+def fit_scale(sets: list[str], cache_dir: Path | None, work: Path) -> dict[str, float]:
+    """SCORE_SCALE's recipe: the median over train queries (300 per set, pooled) of bm25s's top score / tantivy's
+    (the shipped index's score divided by the constant it applies)."""
+    from research_agent.search.keyword_index import SCORE_SCALE, Chunk, KeywordIndex
+
+    out, pooled = {}, []
+    for name in sets:
+        chunks = load_chunks(name, cache_dir)
+        shipped = KeywordIndex([Chunk(c, t, m) for c, t, m in chunks])
+        train = judged_queries(name, 300, "train")[0]
+        top = bm25s_top(make_rows(chunks, Analyzer()), shipped, train, work / f"scale-{name}")
+        ratios = []
+        for q, text in train.items():
+            mine = shipped.search(text, 1)
+            if top[q] and mine and mine[0][1] > 0:
+                ratios.append(top[q][0][1] / (mine[0][1] / SCORE_SCALE))
+        out[name], pooled = statistics.median(ratios), pooled + ratios
+        log(f"{name}: median ratio {out[name]:.4f} over {len(ratios)} train queries")
+    out["pooled"] = statistics.median(pooled)
     return out
 
 
@@ -660,7 +696,7 @@ def measure_engine(ename: str, rows: Any, extra: list[dict[str, Any]],
     res["add_doc_commit_s"] = timed(lambda: eng.add(extra))
     res["delete_doc_commit_s"] = timed(lambda: eng.delete("new-doc"))
     res["disk_after_mb"] = folder_size(folder) / 1e6
-    if reader and isinstance(eng, (TantivyEngine, Fts5Engine)):
+    if reader and isinstance(eng, (TantivyEngine, Fts5Engine, ShippedEngine)):
         res.update(concurrent_reader(ename, folder, eng, extra, "new-doc"))
     eng = None
     shutil.rmtree(folder, ignore_errors=True)
@@ -778,7 +814,7 @@ def main() -> int:
         child_reader(*sys.argv[2:5])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("ranking", "costs", "crash"))
+    ap.add_argument("what", choices=("ranking", "costs", "crash", "scale"))
     ap.add_argument("--trials", type=int, default=10, help="kill -9 trials per engine for `crash`")
     ap.add_argument("--sets", default="scifact,nfcorpus")
     ap.add_argument("--engines", default=",".join(engines()))
@@ -795,6 +831,9 @@ def main() -> int:
     result: dict[str, Any] = {}
     if args.what == "ranking":
         result["ranking"] = ranking(args.sets.split(","), names, cache_dir, work, args.hybrid)
+    elif args.what == "scale":
+        result["scale"] = fit_scale(args.sets.split(","), cache_dir, work)
+        print(json.dumps(result["scale"]))
     elif args.what == "crash":
         result["crash"] = {e: crash_trials(e, work, args.trials, cache_dir) for e in names}
         log(json.dumps(result["crash"]))

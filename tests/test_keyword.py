@@ -29,15 +29,16 @@ def ranked(index, q, k=10):
 
 
 def test_field_weights_rank_keywords_over_title_over_content():
-    index = KeywordIndex([
+    chunks = [
         chunk("content", f"zebra {FILLER}", title="Animals"),
         chunk("title", FILLER, title="Zebra facts"),
         chunk("keywords", FILLER, title="Animals", keywords=["zebra"]),
         chunk("none", FILLER, title="Plants"),
-    ])
+    ]
+    index = KeywordIndex(chunks)
     assert ranked(index, "zebra") == ["keywords", "title", "content"]
     # The weights are the knob: with title and keywords weighted 0 only the content match is found.
-    content_only = KeywordIndex(index.chunks, weights=(0, 0))
+    content_only = KeywordIndex(chunks, weights=(0, 0))
     assert ranked(content_only, "zebra") == ["content"]
     # Keywords weighted 3 count three times: a chunk with the word in its keywords beats one with it
     # twice in a content of the same length.

@@ -5,7 +5,8 @@
 - filters.py        metadata filters: validation, the Chroma `where` clause, the keyword-side predicate
 - retrieve.py       candidates from the dense and keyword sides, convex / RRF fusion, the per-document cap
 - refine.py         refinement advice (optimal / too_broad / clarification_needed) and suggested queries
-- keyword_index.py  the BM25 index per collection: built from Chroma, cached per revision, saved with the store
+- keyword_index.py  the BM25 index per collection (tantivy on our tokens): build, apply per document, rank
+- keyword_sync.py   keeps it current: saved with the store, caught up from the change log (or a manifest diff)
 - calibration.py    calibrated relevance probabilities and labels (parameters in calibration.json, shipped here)
 - evaluation.py     nDCG / Recall / MRR on BEIR-format judgments (`research-agent eval`)
 - history.py        recent queries, kept bounded in the store registry

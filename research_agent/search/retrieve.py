@@ -18,7 +18,8 @@ from research_agent.catalog.collections import open_collection
 from research_agent.errors import QueryError
 from research_agent.search import calibration
 from research_agent.search.filters import chroma_where, metadata_predicate, validate_filters
-from research_agent.search.keyword_index import KeywordIndex, keyword_index
+from research_agent.search.keyword_index import KeywordIndex
+from research_agent.search.keyword_sync import keyword_index
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -219,15 +220,15 @@ def _dense_side(c: Container, query: str, names: list[str], cols: dict[str, Any]
 def _keyword_side(c: Container, query: str, names: list[str], cols: dict[str, Any], n: int,
                   accept: Callable[[dict[str, Any]], bool] | None,
                   timings: dict[str, float]) -> tuple[list[Candidate], dict[str, tuple[KeywordIndex, Any]]]:
-    """The BM25 candidates of every collection, best first, and each collection's (index, full score vector)."""
+    """The BM25 candidates of every collection, best first, and each collection's (index, ranking)."""
     t = time.perf_counter()
     keyword: list[Candidate] = []
     rankings: dict[str, tuple[KeywordIndex, Any]] = {}
     for name in names:
         index = keyword_index(c, name, cols[name])
-        scores = index.rank(query, accept)
-        rankings[name] = (index, scores)
-        keyword += [Candidate(ch.id, ch.text, ch.metadata, keyword=sc) for ch, sc in index.top(scores, n)]
+        ranking = index.rank(query, accept)
+        rankings[name] = (index, ranking)
+        keyword += [Candidate(ch.id, ch.text, ch.metadata, keyword=sc) for ch, sc in index.top(ranking, n)]
     keyword.sort(key=lambda x: x.keyword or 0.0, reverse=True)
     timings["keyword"] = (time.perf_counter() - t) * 1000
     return keyword, rankings
@@ -257,13 +258,13 @@ def _fuse_pool(dense: list[Candidate], keyword: list[Candidate], rankings: dict[
 
 def _complete_scores(pool: dict[str, Candidate], rankings: dict[str, tuple[KeywordIndex, Any]], names: list[str],
                      cols: dict[str, Any], qvec: list[float] | None) -> None:
-    """BM25 of dense-only chunks from the full score vector, cosine of keyword-only chunks from their stored
+    """BM25 of dense-only chunks from the keyword ranking, cosine of keyword-only chunks from their stored
     vectors, so no candidate is scored by one side alone."""
-    for name, (index, scores) in rankings.items():
+    for name, (index, ranking) in rankings.items():
         missing = [x for x in pool.values() if x.keyword is None and x.metadata.get("collection", name) == name]
+        scores = index.scores_of(ranking, [x.id for x in missing])
         for x in missing:
-            pos = index.position.get(x.id)
-            x.keyword = float(scores[pos]) if scores is not None and pos is not None else 0.0
+            x.keyword = scores[x.id]
     for name in names:
         need = [x.id for x in pool.values() if x.dense is None and x.metadata.get("collection", name) == name]
         for cid, sim in _dense_scores(cols[name], qvec or [], need).items():

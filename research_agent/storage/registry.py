@@ -1,4 +1,4 @@
-"""Our own records (projects, document manifests, write intents, revisions, query history) and their keys.
+"""Our own records (projects, document manifests, write intents, revisions, change log, query history) and keys.
 
 They live in one Chroma collection, META_COLLECTION, so a Chroma server shares them with every client. Each
 record is a JSON document under a key of the form `<kind>:...`, with metadata {"record": kind} (and
@@ -30,6 +30,12 @@ PROJECT = "project"    # a named group of collections
 INTENT = "intent"      # a write in progress: the old and new versions of each document it touches
 REVISION = "revision"  # a token that changes on every write to a collection (caches compare it)
 HISTORY = "history"    # one recent query
+CHANGE = "change"      # one write's documents and the revision it bumps to (the keyword index's catch-up log)
+
+#: How long change records are kept: a write prunes older ones, so the log stays about one record per write of
+#: the last day (a busy day of 5,000 batch writes is ~5,000 small records). A keyword index that last caught up
+#: longer ago than this (or whose revision no record names) falls back to the full manifest diff.
+CHANGE_LOG_SECONDS = 24 * 3600
 
 
 def document_key(collection: str, document: str) -> str:
@@ -61,6 +67,11 @@ def intent_key(collection: str) -> str:
 
 def revision_key(collection: str) -> str:
     return f"{REVISION}:{collection}"
+
+
+def change_key(collection: str, at_ns: int) -> str:
+    """A change record's key: zero-padded nanoseconds sort in time order, the suffix keeps two writers apart."""
+    return f"{CHANGE}:{collection}:{at_ns:020d}-{uuid.uuid4().hex[:8]}"
 
 
 def history_key() -> str:
@@ -127,15 +138,37 @@ class RegistryMixin:
         rec = self.registry_get([revision_key(collection)])
         return str(rec.get(revision_key(collection), {}).get("revision", "0"))
 
-    def bump_revision(self, collection: str) -> str:
+    def bump_revision(self, collection: str, rev: str | None = None) -> str:
         # A fresh random token, not a counter: two writers on a Chroma server cannot lose a bump
-        # by both reading N and writing N+1. Caches only ever compare it for equality.
-        rev = uuid.uuid4().hex
+        # by both reading N and writing N+1. Caches only ever compare it for equality. `rev` is the token a
+        # `log_change` record announced.
+        rev = rev or uuid.uuid4().hex
         self.registry_put({revision_key(collection): {"revision": rev}}, REVISION, collection)
         return rev
 
+    # -- the change log: which documents each write touched (search/keyword_sync.py reads it) -------
+    def log_change(self, collection: str, documents: Iterable[str]) -> str:
+        """Record that a write is about to change `documents`; returns the revision token the write must bump
+        to (`bump_revision(collection, rev)`). Written before the write's first step, so every manifest
+        change is named by a record older than the revision that publishes it. Prunes records older than
+        CHANGE_LOG_SECONDS (`at` is a number so Chroma's `where` can compare it)."""
+        rev, at = uuid.uuid4().hex, time.time_ns()
+        record = {"revision": rev, "at": at, "documents": sorted(set(documents))}
+        self.meta.upsert(ids=[change_key(collection, at)], embeddings=[[1.0]], documents=[json.dumps(record)],
+                         metadatas=[{"record": CHANGE, "collection": collection, "at": at}])
+        cutoff = at - CHANGE_LOG_SECONDS * 1_000_000_000
+        self.meta.delete(where={"$and": [{"record": CHANGE}, {"collection": collection}, {"at": {"$lt": cutoff}}]})
+        return rev
+
+    def changes_since(self, collection: str, after_ns: int) -> list[dict[str, Any]]:
+        """The change records of `collection` stamped after `after_ns`, oldest first."""
+        where = {"$and": [{"record": CHANGE}, {"collection": collection}, {"at": {"$gt": int(after_ns)}}]}
+        found = [json.loads(doc) for _, doc in chunks.records(self.meta, ["documents"], where=where)]
+        return sorted(found, key=lambda r: r["at"])
+
 
 __all__ = [
-    "DOCUMENT", "HISTORY", "INTENT", "META_COLLECTION", "PROJECT", "RESERVED_PREFIX", "REVISION", "RegistryMixin",
-    "document_key", "history_key", "intent_key", "project_key", "revision_key",
+    "CHANGE", "CHANGE_LOG_SECONDS", "DOCUMENT", "HISTORY", "INTENT", "META_COLLECTION", "PROJECT", "RESERVED_PREFIX",
+    "REVISION", "RegistryMixin",
+    "change_key", "document_key", "history_key", "intent_key", "project_key", "revision_key",
 ]

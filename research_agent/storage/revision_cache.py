@@ -1,9 +1,10 @@
-"""A per-process cache of things derived from a collection (its keyword index, its node index), each stamped
-with the collection's revision and rebuilt when that moves.
+"""A per-process cache of things derived from a collection (its node index), each stamped with the
+collection's revision and rebuilt when that moves. (The keyword index used it until it became a saved tantivy
+index caught up per document: search/keyword_sync.py.)
 
 Every write (any process) bumps the collection's revision in the store registry, so a value whose stamp
-still equals the current revision is exactly what a fresh build would return. A build reads every chunk
-(the keyword index takes ~4 s at 10k chunks), so concurrent first calls for one key wait for a single build
+still equals the current revision is exactly what a fresh build would return. A build reads every chunk,
+so concurrent first calls for one key wait for a single build
 instead of each doing their own: the node index had no such lock and built twice under two MCP workers.
 """
 

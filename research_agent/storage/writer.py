@@ -3,11 +3,16 @@
 Every write to a collection, under the store's write lock:
   0. record an intent (`intent:{collection}:{uuid}`) naming the old and the new version of each document;
   1. upsert the new chunks (invisible: no manifest names their content hash yet);
-  2. flip the manifests (each document switches to its new version at once);
-  3. delete the old version's chunks; 4. clear the intent; 5. bump the collection's revision.
+  2. log the change (`change:{collection}:{time}`: the documents it touches and the revision it will bump to,
+     read by the keyword index's catch-up, search/keyword_sync.py), then flip the manifests (each document
+     switches to its new version at once; a delete logs first and removes them);
+  3. delete the old version's chunks; 4. bump the collection's revision; 5. clear the intent.
 A kill between any two steps leaves an intent, and the next writer (or `doctor --repair`) deletes whichever
-version no manifest points at (`recover_interrupted`), so readers see exactly one version at every moment
-(tests/test_crash_harness.py kills at each of 33 steps).
+version no manifest points at (`recover_interrupted`), logs the intent's documents as a change and bumps the
+revision, so readers see exactly one version at every moment (tests/test_crash_harness.py kills at each of 33
+steps) and derived indexes see every flip. The bump comes before the intent is cleared: killed between the
+two the other way round, a flipped manifest was never announced by a revision (the keyword index kept the
+old text until the next write).
 
 The steps are called through `Steps`: ingest/service.py passes its own module globals, because the crash
 tests (tests/test_concurrency.py FAKE_CLI, RA_TEST_KILL_AT) replace a step by its name on that module.
@@ -95,11 +100,15 @@ def commit(store: Store, col: Any, collection: str, new: Versions, *, dimension:
                    metadatas=new.metas[start:end])
     steps.ensure_dimension(col, dimension)
     stamp = now()
+    # Logged right before the flip (not at the start): a reader's catch-up re-reads records of the last
+    # SKEW margin, so the log entry and the flip it announces must be close in time; a kill before this
+    # point changed nothing a reader sees.
+    rev = store.log_change(collection, (m["document"] for m in new.manifests.values()))
     store.registry_put({key: _stamped(m, old.get(key, {}), stamp) for key, m in new.manifests.items()},
                        DOCUMENT, collection)
     steps.delete_chunks(col, version_ids(collection, stale.values()))
+    store.bump_revision(collection, rev)
     steps.clear_intent(store, intent)
-    store.bump_revision(collection)
 
 
 def _stamped(manifest: dict[str, Any], old: dict[str, Any], stamp: str) -> dict[str, Any]:
@@ -113,12 +122,13 @@ def delete(store: Store, col: Any, collection: str, manifests: dict[str, dict[st
            steps: Steps = Steps()) -> int:
     """Remove documents (under the write lock): manifests first (invisible at once), then their chunks."""
     versions = list(manifests.values())
+    rev = store.log_change(collection, (v["document"] for v in versions))
     intent = steps.write_intent(store, collection, versions)
     store.registry_delete(list(manifests))
     ids = version_ids(collection, versions)
     steps.delete_chunks(col, ids)
+    store.bump_revision(collection, rev)
     steps.clear_intent(store, intent)
-    store.bump_revision(collection)
     return len(ids)
 
 
@@ -127,7 +137,9 @@ def recover_interrupted(store: Store, collection: str, col: Any, *, min_age: flo
     """Undo writes that were killed midway (under the write lock): drop chunks no manifest points at.
 
     Embedded stores serialize writers, so every intent found is a dead writer's (min_age 0); on a Chroma
-    server only intents older than `min_age` (STALE_INTENT_SECONDS) are.
+    server only intents older than `min_age` (STALE_INTENT_SECONDS) are. The dead writer may have flipped
+    manifests without bumping the revision, so each recovered intent's documents are logged as a change and
+    the revision is bumped: the keyword index re-applies them (idempotent) instead of serving the old text.
     """
     intents = {k: v for k, v in store.registry_find(INTENT, collection).items()
                if time.time() - float(v.get("created", 0)) >= min_age}
@@ -138,7 +150,9 @@ def recover_interrupted(store: Store, collection: str, col: Any, *, min_age: flo
             list(dict.fromkeys(document_key(collection, v["document"]) for v in versions))).values()}
         orphans = [v for v in versions if current.get(v["document"]) != v["content_hash"]]
         ids = version_ids(collection, orphans)
+        rev = store.log_change(collection, (v["document"] for v in versions))
         steps.delete_chunks(col, ids)
+        store.bump_revision(collection, rev)
         steps.clear_intent(store, key)
         removed += len(ids)
         log.warning("recovered an interrupted write to %s: removed %d orphan chunks", collection, len(ids))

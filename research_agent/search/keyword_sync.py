@@ -1,0 +1,324 @@
+"""Keeping each collection's keyword index in step with the store: catch-up by reconciliation, per document.
+
+Where: one tantivy index per Chroma collection, `persist_folder(c, col)/tantivy-w<title>.<keywords>-a<version>`
+(inside an embedded store; for a Chroma server under the user's cache, one folder per server), shared by every
+process on the machine. Its state entry (search/keyword_index.py) says which content hash of each document it
+holds, the collection revision it reflects and the change-log position it applied, committed with the chunks.
+
+When: a query reads the collection's revision (storage/registry.py, bumped by every write of any process); if
+the index's state names another, the index catches up before it answers:
+  1. which documents may differ: the change records (storage/registry.py `log_change`, one per write, written
+     just before its manifests flip, naming its documents and the revision it bumps to) stamped after the
+     index's position minus `SKEW_SECONDS`. The log is used only if one of its records announces the current
+     revision (else some write is not in it: a bump by `doctor`, a writer of an older version) and it reaches
+     back to the position (records are kept CHANGE_LOG_SECONDS); otherwise every manifest is compared with the
+     state (`full diff`, one registry read). An index with no state is built from a full scan.
+  2. of those, the documents whose manifest content hash differs from the state's; their chunks are deleted
+     from the index and their current visible chunks added (fetched from Chroma by id: the manifest gives the
+     ids), with the new state, in one commit. A catch-up costs what changed: one document, ~0.1 s at 100k.
+Why it is correct after anything: the update of a document ("delete its chunks, add its current version's") is
+idempotent and judged against the manifests themselves, so it holds for writes by this process, other
+processes, other machines on a Chroma server, and after kill -9 anywhere (a catch-up killed before its commit
+published nothing and runs again; a writer killed after its flip is recovered by `recover_interrupted`, which
+logs the documents and bumps the revision). Re-reading the last `SKEW_SECONDS` of the log covers records that
+land late (clock skew between server writers); re-applying a document whose hash already matches is skipped.
+
+Concurrency: tantivy allows one writer per index, so a catch-up holds `<index>.lock` (flock, released by the
+OS if the process dies); another process that finds it taken answers from the last committed state if that is
+at the current revision, and otherwise waits (polling, up to CATCH_UP_WAIT_SECONDS) for it to get there or for
+the lock. Readers never lock: they `reload()` after a commit. A folder that does not open or read back
+(truncated, altered, garbage) is removed under the lock and rebuilt, with a warning; a folder that cannot be
+written at all (read-only store) leaves the process an in-memory index, caught up the same way. The bm25s
+indexes this replaced (`<revision>-w2.3-a1-bm25s0.3.16` folders) are removed on first open.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from research_agent.errors import StoreUnavailableError
+from research_agent.search.keyword_index import (
+    ANALYZER_VERSION,
+    Chunk,
+    IndexState,
+    KeywordIndex,
+    field_weights,
+    persist_folder,
+)
+from research_agent.storage import chunks as chunk_pages
+from research_agent.storage.locks import _flock
+from research_agent.storage.registry import CHANGE_LOG_SECONDS, DOCUMENT, document_key, version_ids
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
+
+log = logging.getLogger(__name__)
+
+#: Change records stamped up to this long before the index's position are read again: on a Chroma server,
+#: writers on other machines may run clocks this far apart, and a catch-up may read a write's record before
+#: its flip (re-applying a document whose hash matches is skipped, so the cost is reading the manifests the
+#: last five minutes' records name). An embedded store's writers share this machine's clock and a catch-up
+#: never sees half a commit (the read gate), so there only clock steps matter: 2 s.
+SKEW_SECONDS = 300
+EMBEDDED_SKEW_SECONDS = 2
+#: The longest a query waits for another process's catch-up (a first build at 1M chunks took 60-110 s).
+CATCH_UP_WAIT_SECONDS = 600.0
+#: How long one try for the catch-up lock waits before checking whether the other process is done.
+LOCK_POLL_SECONDS = 0.2
+
+#: The last catch-ups of this process, newest last: what each one touched (tests and `--verbose` read it).
+RECENT: deque["CatchUp"] = deque(maxlen=100)
+
+#: (store location, Chroma collection id, field weights) -> the open index.
+_open: dict[tuple[str, str, tuple[int, int]], KeywordIndex] = {}
+_open_lock = threading.Lock()
+_catch_up_locks: dict[tuple[str, str, tuple[int, int]], threading.Lock] = {}
+
+#: The bm25s design's saved folders and half-written saves (removed on first open), and Chroma collection ids.
+_OLD_BM25S = re.compile(r"[\w.-]+-w\d+\.\d+-a\d+-bm25s[\w.+-]+|\.tmp-[0-9a-f]{32}")
+_COLLECTION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@dataclass
+class CatchUp:
+    """One catch-up: how it found the documents ("build", "log" or "diff"), which it updated, chunks added."""
+
+    collection: str
+    mode: str
+    documents: list[str] = field(default_factory=list)
+    chunks: int = 0
+    seconds: float = 0.0
+
+
+def index_path(folder: Path, weights: tuple[int, int]) -> Path:
+    return folder / f"tantivy-w{weights[0]}.{weights[1]}-a{ANALYZER_VERSION}"
+
+
+def keyword_index(c: Container, collection: str, col: Any) -> KeywordIndex:
+    """The collection's index at its current revision: as committed if it is there, else after a catch-up
+    (this process's, or another's it waited for)."""
+    weights = tuple(field_weights(c.settings))
+    key = (c.store.location, str(col.id), weights)
+    index = _opened(c, col, key)
+    rev = c.store.revision(collection)
+    if index.state.revision == rev or _reloaded(index, key).state.revision == rev:
+        return index
+    with _open_lock:
+        thread_lock = _catch_up_locks.setdefault(key, threading.Lock())
+    with thread_lock:  # this process's threads: one catch-up, the others then find it done
+        index = _opened(c, col, key)
+        if _reloaded(index, key).state.revision != c.store.revision(collection):
+            _locked_catch_up(c, collection, col, index)
+    return index
+
+
+def _reloaded(index: KeywordIndex, key: tuple[str, str, tuple[int, int]]) -> KeywordIndex:
+    try:
+        if index.path is not None:
+            index.reload()
+    except Exception as exc:  # the folder was rebuilt or damaged under us: open it again next time
+        log.warning("keyword index at %s could not be reloaded (%s); reopening it", index.path, exc)
+        with _open_lock:
+            _open.pop(key, None)
+    return index
+
+
+def _opened(c: Container, col: Any, key: tuple[str, str, tuple[int, int]]) -> KeywordIndex:
+    with _open_lock:
+        index = _open.get(key)
+    if index is None:
+        index = open_index(persist_folder(c, col), key[2])
+        with _open_lock:
+            index = _open.setdefault(key, index)
+    return index
+
+
+def open_index(folder: Path, weights: tuple[int, int]) -> KeywordIndex:
+    """The saved index (created empty if there is none); a damaged one is removed and started again, and an
+    unwritable folder gives an in-memory index (each new process then builds it: slower, still correct)."""
+    path = index_path(folder, weights)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        remove_old_indexes(folder)
+        try:
+            return KeywordIndex.open(path, weights)
+        except Exception as exc:  # truncated, altered, garbage: never trusted
+            log.warning("keyword index at %s is unusable (%s); rebuilding it", path, exc)
+        with _file_lock(folder, weights):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            return KeywordIndex.open(path, weights)
+    except OSError as exc:
+        log.warning("could not keep the keyword index in %s (%s); using one in memory", folder, exc)
+    return KeywordIndex(weights=weights)
+
+
+def remove_old_indexes(folder: Path) -> None:
+    """Remove the bm25s design's saved indexes in `folder`: real folders with those names only, never through a
+    symlink (a user who moved the folder elsewhere, or keeps other files beside ours, loses nothing)."""
+    for entry in folder.iterdir():
+        if _OLD_BM25S.fullmatch(entry.name) and not entry.is_symlink() and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+class _file_lock:
+    """The catch-up lock of one index folder (flock; the OS releases it if the holder dies)."""
+
+    def __init__(self, folder: Path, weights: tuple[int, int], timeout: float = CATCH_UP_WAIT_SECONDS) -> None:
+        self.path = Path(f"{index_path(folder, weights)}.lock")
+        self.timeout = timeout
+        self.fd: int | None = None
+
+    def acquire(self, wait: float) -> bool:
+        self.fd = _flock(self.path, True, time.monotonic() + wait)
+        return self.fd is not None
+
+    def __enter__(self) -> "_file_lock":
+        if self.fd is None and not self.acquire(self.timeout):
+            raise _busy(self.path, self.timeout)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _busy(path: Path, waited: float) -> StoreUnavailableError:
+    return StoreUnavailableError(
+        f"The keyword index {path.parent} is being updated by another process (waited {waited:g} s)",
+        guidance="Retry when the other process's query or ingest has finished.")
+
+
+def _locked_catch_up(c: Container, collection: str, col: Any, index: KeywordIndex) -> None:
+    """Catch up under the folder's lock; while another process holds it, answer from its commit as soon as
+    that commit is at the current revision."""
+    if index.path is None:
+        catch_up(c, collection, col, index)
+        return
+    lock = _file_lock(index.path.parent, index.weights)
+    deadline = time.monotonic() + CATCH_UP_WAIT_SECONDS
+    while not lock.acquire(LOCK_POLL_SECONDS):
+        index.reload()
+        if index.state.revision == c.store.revision(collection):
+            return
+        if time.monotonic() > deadline:
+            raise _busy(lock.path, CATCH_UP_WAIT_SECONDS)
+    with lock:
+        index.reload()
+        catch_up(c, collection, col, index)
+
+
+def catch_up(c: Container, collection: str, col: Any, index: KeywordIndex) -> CatchUp | None:
+    """Bring `index` to the collection's current revision (the caller holds the lock); None if it was there."""
+    started, t0 = time.time_ns(), time.perf_counter()
+    store = c.store
+    rev = store.revision(collection)
+    state = index.state
+    if state.revision == rev:
+        return None
+    if not index.has_state:
+        done = _build(store, collection, col, index, rev, started)
+    else:
+        done = _update(store, collection, col, index, rev, started)
+    done.seconds = time.perf_counter() - t0
+    RECENT.append(done)
+    log.info("keyword index of %s caught up (%s): %d documents, %d chunks in %.2f s", collection, done.mode,
+             len(done.documents), done.chunks, done.seconds)
+    if done.mode == "build" and index.path is not None:
+        prune_collections(c, index.path.parent)
+    return done
+
+
+def _build(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:
+    """A first build: every visible chunk, read page by page (never the whole collection in memory)."""
+    current = store.current_versions(collection)
+
+    def visible() -> Iterator[tuple[str, Chunk]]:
+        for cid, text, meta in chunk_pages.records(col, ["documents", "metadatas"]):
+            if chunk_pages.is_visible(meta, current):
+                yield str(meta.get("source_document")), Chunk(cid, text, meta)
+
+    added = index.apply([], visible(), IndexState(current, rev, started), replace_all=True)
+    return CatchUp(collection, "build", sorted(current), added)
+
+
+def _update(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:
+    """The documents that may have changed (from the log, else all), those whose hash differs, re-applied."""
+    state = index.state
+    from_log = _logged_documents(store, collection, state, rev, started)
+    if from_log is None:
+        mode, manifests, log_at = "diff", _manifests(store, collection), started
+        candidates = set(manifests) | set(state.versions)
+    else:
+        mode, (candidates, log_at) = "log", from_log
+        manifests = _manifests(store, collection, candidates)
+    targets = sorted(d for d in candidates
+                     if (manifests[d]["content_hash"] if d in manifests else None) != state.versions.get(d))
+    versions = dict(state.versions)
+    for d in targets:
+        if d in manifests:
+            versions[d] = manifests[d]["content_hash"]
+        else:
+            versions.pop(d, None)
+    added = index.apply(targets, _current_chunks(col, collection, [manifests[d] for d in targets if d in manifests]),
+                        IndexState(versions, rev, max(log_at, state.log_at)))
+    return CatchUp(collection, mode, targets, added)
+
+
+def _logged_documents(store: Any, collection: str, state: IndexState, rev: str,
+                      now_ns: int) -> tuple[set[str], int] | None:
+    """The documents the change log names since the index's position, and the newest record's time; None when
+    the log cannot be trusted to name every change (see the module docstring)."""
+    skew = (EMBEDDED_SKEW_SECONDS if store.kind == "embedded" else SKEW_SECONDS) * 1_000_000_000
+    if not state.log_at or now_ns - state.log_at > CHANGE_LOG_SECONDS * 1_000_000_000 - skew:
+        return None
+    records = store.changes_since(collection, state.log_at - skew)
+    if not any(r.get("revision") == rev for r in records):
+        return None
+    return {d for r in records for d in r["documents"]}, max(int(r["at"]) for r in records)
+
+
+def _manifests(store: Any, collection: str, documents: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """{document: manifest} of the named documents (all of the collection's when None)."""
+    if documents is None:
+        found = store.registry_find(DOCUMENT, collection).values()
+    else:
+        found = store.registry_get([document_key(collection, d) for d in sorted(documents)]).values()
+    return {m["document"]: m for m in found}
+
+
+def _current_chunks(col: Any, collection: str, manifests: list[dict[str, Any]]) -> Iterator[tuple[str, Chunk]]:
+    """(document, chunk) of each manifest's version, fetched from Chroma by id (PAGE ids per call)."""
+    current = {m["document"]: m["content_hash"] for m in manifests}
+    for cid, text, meta in chunk_pages.records(col, ["documents", "metadatas"], ids=version_ids(collection, manifests)):
+        if chunk_pages.is_visible(meta, current):
+            yield str(meta.get("source_document")), Chunk(cid, text, meta)
+
+
+def prune_collections(c: Container, folder: Path) -> None:
+    """Remove the indexes of collections that no longer exist (deleted, or replaced by `kb reindex`, which
+    fills a new Chroma collection): without this each reindex left its index behind (~14 MB per 100k chunks)."""
+    try:
+        live = {str(getattr(col, "id", "")) for col in c.store.client.list_collections()}
+        for entry in folder.parent.iterdir():
+            if entry != folder and entry.name not in live and _COLLECTION_ID.fullmatch(entry.name) \
+                    and not entry.is_symlink() and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+    except Exception as exc:  # best effort: a leftover only costs disk
+        log.debug("could not prune keyword indexes in %s: %s", folder.parent, exc)
+
+
+def forget() -> None:
+    """Close every open index (what a new process starts with)."""
+    with _open_lock:
+        _open.clear()

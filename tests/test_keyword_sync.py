@@ -1,0 +1,215 @@
+"""The keyword index's catch-up across processes: kill -9 in a catch-up or in a writer, concurrent queries,
+and the query API fusion uses (filters in a growing window, scores of given chunks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from research_agent.catalog import collections, notes as augment
+from research_agent.catalog.collections import open_collection
+from research_agent.search import service as query
+from research_agent.search.keyword_index import Chunk, KeywordIndex
+
+TESTS = Path(__file__).parent
+ANIMALS = [("Okapi", "Okapis live in the Ituri rainforest and eat leaves."),
+           ("Narwhal", "Narwhals have one long tusk and live in arctic waters."),
+           ("Pangolin", "Pangolins are covered in scales and eat ants in the rainforest.")]
+CHILD = (
+    "import json, os, signal, sys; sys.path.insert(0, sys.argv[1])\n"
+    "from conftest import FakeEmbedder, FAKE_EMBEDDER\n"
+    "from research_agent import embeddings\n"
+    "embeddings._cache[('sentence-transformers', FAKE_EMBEDDER, 'cpu')] = FakeEmbedder()\n"
+    "from research_agent.container import build_container\n"
+    "from research_agent.search import keyword_index, keyword_sync, service as query\n"
+    "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
+)
+QUERY = (
+    "c = build_container()\n"
+    "with c.store.session():\n"
+    "    res = query.query_knowledge(c, sys.argv[2], collections=['docs'], mode='keyword', rerank=False)\n"
+    "print(json.dumps({'hits': [h.content for h in res.results], 'catch_ups': len(keyword_sync.RECENT)}))\n"
+)
+# The catch-up dies while adding its second chunk (segments written, nothing committed).
+DIE_IN_CATCH_UP = (
+    "add = keyword_index.KeywordIndex._document\n"
+    "seen = []\n"
+    "def dying(self, ch, doc):\n"
+    "    seen.append(ch.id)\n"
+    "    return die() if len(seen) == 2 else add(self, ch, doc)\n"
+    "keyword_index.KeywordIndex._document = dying\n"
+)
+
+
+def child(code: str, *args: str, wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
+    env = dict(os.environ, RESEARCH_AGENT_EMBEDDING_MODEL="test-fake-embedder")
+    argv = [sys.executable, "-c", CHILD + code, str(TESTS), *args]
+    if not wait:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(argv, env=env, timeout=120, capture_output=True, text=True)
+
+
+def keyword_hits(c, text: str) -> list[str]:
+    return [h.content for h in query.query_knowledge(c, text, collections=["docs"], mode="keyword",
+                                                     rerank=False).results]
+
+
+def contents(index: KeywordIndex) -> tuple[dict[str, tuple[str, dict]], dict[str, str], str | None]:
+    """Everything the index holds: each chunk's text and metadata, and its state."""
+    import tantivy
+
+    searcher = index._index.searcher()
+    hits = searcher.search(tantivy.Query.all_query(), limit=max(1, searcher.num_docs)).hits
+    docs = [searcher.doc(addr) for _, addr in hits]
+    chunks = {d["id"][0]: (d["text"][0].decode(), json.loads(d["meta"][0])) for d in docs if d["id"][0] != "_state"}
+    return chunks, index.state.versions, index.state.revision
+
+
+def fresh_build(c, tmp_path: Path) -> KeywordIndex:
+    from research_agent.search import keyword_sync as sync
+    from research_agent.search.keyword_index import field_weights
+
+    fresh = KeywordIndex.open(tmp_path / "fresh", field_weights(c.settings))
+    with c.store.session():
+        sync.catch_up(c, "docs", open_collection(c, "docs"), fresh)
+    return fresh
+
+
+def current_index(c) -> KeywordIndex:
+    from research_agent.search import keyword_sync as sync
+
+    with c.store.session():
+        return sync.keyword_index(c, "docs", open_collection(c, "docs"))
+
+
+@pytest.fixture
+def animals(container, fake_embedder):
+    collections.create_collection(container, "docs")
+    for title, text in ANIMALS:
+        augment.add_research(container, "docs", text, f"src-{title}", title=title)
+    return container
+
+
+@pytest.mark.parametrize("built_before", [True, False], ids=["incremental", "first-build"])
+def test_a_catch_up_killed_midway_then_run_again_equals_an_uninterrupted_one(animals, tmp_path, monkeypatch,
+                                                                             built_before):
+    from research_agent.search import keyword_sync as sync
+
+    if built_before:
+        assert keyword_hits(animals, "okapi")
+    for i, text in enumerate(["Tardigrades survive in space.", "Quokkas smile on islands.", "Axolotls regrow."]):
+        augment.add_research(animals, "docs", text, f"src-new{i}", title=f"New {i}")
+    out = child(DIE_IN_CATCH_UP + QUERY, "tardigrade")
+    assert out.returncode == -9, out.stderr[-2000:]
+    monkeypatch.setattr(sync, "_open", {})  # this process opens the folder the killed one wrote in
+    assert keyword_hits(animals, "tardigrade")[0].startswith("Tardigrades")
+    assert contents(current_index(animals)) == contents(fresh_build(animals, tmp_path))
+
+
+WRITER_DIES_BEFORE_BUMP = (
+    "from research_agent import ingest\n"
+    "from research_agent.storage.registry import RegistryMixin\n"
+    "RegistryMixin.bump_revision = die\n"
+    "ingest.ingest_path(build_container(), 'notes.md', 'docs')\n"
+)
+
+
+def test_a_writer_killed_between_manifest_flip_and_revision_bump_is_caught_up_after_recovery(
+        container, fake_embedder, tmp_path):
+    """Trigger: the old order cleared the intent before bumping the revision, so a writer killed in between left
+    flipped manifests no revision announced, and recovery found nothing: the index served the old text."""
+    from research_agent import ingest
+
+    collections.create_collection(container, "docs")
+    doc = Path("notes.md")
+    doc.write_text("# Notes\n\nThe zebras graze on the savanna.\n")
+    ingest.ingest_path(container, doc, "docs")
+    assert keyword_hits(container, "zebra")
+    doc.write_text("# Notes\n\nThe giraffes browse acacia trees.\n")
+    out = subprocess.run([sys.executable, "-c", CHILD + WRITER_DIES_BEFORE_BUMP, str(TESTS)], timeout=120,
+                         env=dict(os.environ, RESEARCH_AGENT_EMBEDDING_MODEL="test-fake-embedder"),
+                         capture_output=True, text=True)
+    assert out.returncode == -9, out.stderr[-2000:]
+    col = open_collection(container, "docs")
+    with container.store.write_lock():
+        ingest.recover_interrupted(container, "docs", col)
+    assert any("giraffes" in t for t in keyword_hits(container, "giraffe"))
+    assert not any("zebras" in t for t in keyword_hits(container, "zebra"))
+    assert contents(current_index(container)) == contents(fresh_build(container, tmp_path))
+
+
+def test_two_processes_querying_after_a_write_both_succeed_and_one_catches_up(animals):
+    assert keyword_hits(animals, "okapi")
+    augment.add_research(animals, "docs", "Tardigrades survive in space.", "src-t", title="Tardigrade")
+    procs = [child(QUERY, "tardigrade", wait=False) for _ in range(2)]
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr[-2000:]
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert all(r["hits"] and r["hits"][0].startswith("Tardigrades") for r in results)
+    assert sorted(r["catch_ups"] for r in results) == [0, 1]  # the other waited for it, or found it done
+
+
+def test_a_write_by_another_process_is_seen_without_a_rebuild(animals):
+    from research_agent.search import keyword_sync as sync
+
+    assert keyword_hits(animals, "okapi")
+    before = len(sync.RECENT)
+    child("from research_agent.catalog import notes\n"
+          "notes.add_research(build_container(), 'docs', 'Narwhal calves follow the pod.', 'src-n2', title='Calf')\n")
+    assert keyword_hits(animals, "calves")[0].startswith("Narwhal calves")
+    (done,) = list(sync.RECENT)[before:]
+    assert done.mode == "log" and len(done.documents) == 1 and done.chunks == 1
+
+
+# -- the query API ------------------------------------------------------------------------------
+def test_a_filter_finds_its_chunks_below_many_better_rejected_ones():
+    """Post-filtering a growing window returns what masking every chunk before the cut returned."""
+    chunks = [Chunk(f"a{i}", "zebra " * 5 + f"filler {i}", {"source_document": "a"}) for i in range(1000)]
+    chunks += [Chunk(f"b{i}", f"zebra and many other words here {i} " * 3, {"source_document": "b"})
+               for i in range(3)]
+    index = KeywordIndex(chunks)
+    hits = index.search("zebra", 2, where=lambda m: m["source_document"] == "b")
+    assert [ch.id for ch, _ in hits] == ["b0", "b1"] or {ch.id for ch, _ in hits} <= {"b0", "b1", "b2"}
+    assert len(hits) == 2 and all(ch.metadata["source_document"] == "b" for ch, _ in hits)
+    assert index.search("zebra", 5, where=lambda m: m["source_document"] == "c") == []
+
+
+def test_scores_of_given_chunks_equal_their_ranked_scores():
+    index = KeywordIndex([Chunk("a", "okapi rainforest leaves", {}), Chunk("b", "okapi", {}),
+                          Chunk("c", "narwhal tusk", {})])
+    ranking = index.rank("okapi leaves")
+    top = {ch.id: score for ch, score in index.top(ranking, 10)}
+    assert set(top) == {"a", "b"} and top["a"] > top["b"] > 0
+    assert index.scores_of(ranking, ["b", "c", "a", "missing"]) == {"a": top["a"], "b": top["b"], "c": 0.0,
+                                                                     "missing": 0.0}
+    assert index.scores_of(index.rank("zzzz"), ["a"]) == {"a": 0.0}
+
+
+def test_concurrent_first_queries_in_threads_build_once(animals, monkeypatch):
+    """MCP tool calls run in worker threads: the first queries of a new process share one build."""
+    import threading
+
+    from research_agent.search import keyword_sync as sync
+
+    monkeypatch.setattr(sync, "_open", {})  # no index yet either: the fixture only wrote
+    before, barrier, results = len(sync.RECENT), threading.Barrier(4), []
+
+    def run() -> None:
+        barrier.wait()
+        with animals.store.session():
+            results.append(keyword_hits(animals, "narwhal"))
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == 4 and all(r and r[0].startswith("Narwhals") for r in results)
+    assert [c.mode for c in list(sync.RECENT)[before:]] == ["build"]
