@@ -17,8 +17,9 @@ Each answer is mapped back to (server qualified name, tool name) through its fil
 written by the exporter) and its `##` header; an answer that is a whole server (a file's root node)
 maps to (server, None) and is never a hit. Reported per split: hit@1/3/10; for the no-match tasks the
 answers scored >= 0.5 (per task, and the share of tasks with any); for the real tasks the share that
-keep an answer >= 0.5; p50/p95 latency warm (same process, model loaded, indexes built); expected
-calibration error (10 equal-width bins) of the scores against "this answer is a correct tool".
+keep an answer >= 0.5 (right_keep: a correct one); p50/p95 latency warm (same process, model loaded,
+indexes built); expected calibration error (10 equal-width bins) of the scores against "this answer is a
+correct tool".
 BM25 scores are unbounded, so its threshold and ECE columns are empty.
 """
 
@@ -219,6 +220,7 @@ def score_task(task: dict[str, Any], ranked: list[tuple[Pair | None, float]]) ->
     return {
         "first_hit": first,
         "above": sum(1 for _, s in ranked if s >= THRESHOLD),
+        "right_above": any(p in relevant and s >= THRESHOLD for p, s in ranked),
         "points": [(min(max(s, 0.0), 1.0), p in relevant) for p, s in ranked],
         "top": [list(p) if p else None for p, _ in ranked[:3]],
     }
@@ -235,11 +237,14 @@ def summarize(rows: list[dict[str, Any]], bounded: bool) -> dict[str, Any]:
     lat = [r["ms"] for r in rows]
     out["p50_ms"], out["p95_ms"] = (round(pct(lat, 50), 1), round(pct(lat, 95), 1)) if lat else (None, None)
     if not bounded:
-        out.update(no_match_recs_ge_05=None, no_match_rate=None, real_keep_rate=None, ece=None)
+        out.update(no_match_recs_ge_05=None, no_match_rate=None, real_keep_rate=None, right_keep_rate=None, ece=None)
         return out
     out["no_match_recs_ge_05"] = sum(r["above"] for r in none)
     out["no_match_rate"] = round(sum(1 for r in none if r["above"]) / len(none), 3) if none else None
     out["real_keep_rate"] = round(sum(1 for r in real if r["above"]) / len(real), 3) if real else None
+    # A kept answer may be the wrong tool (a reverse geocoder at 0.83 for "address -> coordinates"): the share of
+    # real tasks whose answers >= 0.5 include a correct tool says whether the kept answers are worth keeping.
+    out["right_keep_rate"] = round(sum(1 for r in real if r["right_above"]) / len(real), 3) if real else None
     out["ece"] = ece([pt for r in rows for pt in r["points"]])
     return out
 
@@ -269,8 +274,8 @@ def evaluate(c, catalog: Catalog, tasks: list[dict[str, Any]], collection: str =
 
 
 def table(summary: dict[str, Any]) -> str:
-    cols = ("hit@1", "hit@3", "hit@10", "no_match_recs_ge_05", "no_match_rate", "real_keep_rate", "ece",
-            "p50_ms", "p95_ms")
+    cols = ("hit@1", "hit@3", "hit@10", "no_match_recs_ge_05", "no_match_rate", "real_keep_rate", "right_keep_rate",
+            "ece", "p50_ms", "p95_ms")
     lines = []
     for split, by_method in summary.items():
         any_m = next(iter(by_method.values()))

@@ -165,10 +165,12 @@ def test_discovery_analyzer_keeps_action_words_and_drops_task_verbs():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task,tool", [
-    pytest.param("I have a street address and need its latitude and longitude", "maps_geocode",
-                 marks=pytest.mark.xfail(strict=True, reason="issue 14, open: no feature reads the direction of a "
-                                         "conversion; reverse_geocode's parameters name latitude and longitude")),
+    # Issue 14, fourth round: reverse geocoding (0.79 first before) takes latitude and longitude as parameters,
+    # so it runs this conversion the wrong way (direction.py).
+    ("I have a street address and need its latitude and longitude", "maps_geocode"),
     ("I have a latitude and longitude and need the street address", "maps_reverse_geocode"),
+    ("starting from a KML document, I need the same shapes as GeoJSON", "kml_to_geojson"),
+    ("I have GeoJSON shapes and want them as a KML document", "geojson_to_kml"),
 ])
 def test_catalog_direction_of_a_conversion_picks_the_tool(catalog, task, tool):
     c, manifest, _ = catalog

@@ -107,6 +107,7 @@ def test_slice_ingests_and_the_harness_reports_every_field(tmp_path):
             else:
                 assert 0.0 <= row["no_match_rate"] <= 1.0 and row["no_match_recs_ge_05"] >= 0
                 assert row["ece"] is None or 0.0 <= row["ece"] <= 1.0
+                assert 0.0 <= row["right_keep_rate"] <= row["real_keep_rate"] <= 1.0
     by_id = {m: {r["id"]: r for r in rows} for m, rows in result["rows"].items()}
     # "Hacker News" and "DHL" appear only in the correct tools' sections of this slice.
     for method in ("query", "bm25"):
@@ -120,3 +121,32 @@ def test_slice_ingests_and_the_harness_reports_every_field(tmp_path):
         for row in rows:
             assert all(p is None or p[0] in servers for p in row["top"])
             assert all(p is not None for p in row["top"])
+
+
+def test_fit_takes_tool_features_after_the_shared_model():
+    """Issue 14, fourth round: a catalog-only feature gets its own stage, so it cannot move the shared model.
+
+    Fitted jointly, the catalog's `tool` offset pulled the curated intercept down with it (a golden section
+    0.45 -> 0.26); fitted after, on the tool rows alone, the shared coefficients are what they are without it.
+    """
+    import numpy as np
+
+    from research_agent.discovery import scoring
+
+    fit_discovery = _load("fit_discovery")
+    rng = np.random.default_rng(7)
+    rows = []
+    for i in range(400):
+        dense = float(rng.uniform(0.1, 0.8))
+        is_tool = i % 2 == 0
+        # Tool rows are right more often than their cosine says: the offset the second stage should find.
+        p = 1 / (1 + np.exp(-(8 * (dense - 0.5) + (1.0 if is_tool else 0.0))))
+        rows.append({"set": "toolgym" if is_tool else "golden", "task": i // 10, "y": int(rng.random() < p),
+                     "offset": 0.0, "dense": dense, "tool": 1.0 if is_tool else 0.0})
+    intercept, coef = fit_discovery.fit(rows)
+    without = [{**r, "tool": 0.0} for r in rows]
+    intercept0, coef0 = fit_discovery.fit(without)
+    by_name, by_name0 = dict(zip(scoring.FEATURES, coef)), dict(zip(scoring.FEATURES, coef0))
+    assert "tool" in scoring.TOOL_FEATURES
+    assert intercept == pytest.approx(intercept0) and by_name["dense"] == pytest.approx(by_name0["dense"])
+    assert by_name0["tool"] == 0.0 and by_name["tool"] > 0.2

@@ -21,6 +21,7 @@ from datetime import date
 from typing import TYPE_CHECKING, Any
 
 from research_agent.discovery.analysis import count_tokens, defined_identifiers, first_sentence, identifiers, parse_date
+from research_agent.discovery.direction import Sides, tool_sides
 from research_agent.storage.chunks import visible_chunks
 from research_agent.storage.revision_cache import RevisionCache
 from research_agent.text import discovery_terms as terms
@@ -53,6 +54,7 @@ class Node:
     terms: frozenset[str] = frozenset()
     idents: frozenset[str] = frozenset()  # code-like words, lowercased (analysis.identifiers)
     defines: frozenset[str] = frozenset()  # those of idents the node defines (analysis.defined_identifiers)
+    sides: Sides | None = None  # a tool section's (input, output) stems (direction.tool_sides); None elsewhere
     # filled after the tree is known
     eff_type: str | None = None
     eff_status: str | None = None
@@ -218,6 +220,7 @@ def _link_and_analyse(nodes: dict[str, Node], order: list[str]) -> tuple[Counter
         node.terms = frozenset(terms(text)) | node.title_terms | frozenset(terms(node.document_title))
         node.idents = frozenset(identifiers(" ".join((text, node.header_path, node.document_title))))
         node.defines = frozenset(defined_identifiers(text)) & node.idents
+        node.sides = tool_sides(node.title, text)
         df.update(node.terms)
         checked = parse_date(node.last_checked)
         if checked and (newest is None or checked > newest):

@@ -7,9 +7,10 @@ The score is a calibrated probability (scoring.py has the model and where it was
 
 The evidence per candidate node: its best cosine to the task, its gap to the other candidates, the
 IDF-weighted share of the task's content words found in its text and in its title/header path, its
-keyword (BM25) rank and relative BM25 score, whether it is a parent, and whether it holds the task's
-rarest word. Boosts (boosts.py) multiply the odds, so they reorder and nudge but cannot carry an
-unrelated node past the 0.5 line.
+keyword (BM25) rank and relative BM25 score, whether it is a parent, whether it holds the task's
+rarest word, and for a tool section (a `Parameters:` line) which way it runs a conversion the task asks for
+and how many copies of it other servers list (direction.py; scoring.py). Boosts (boosts.py) multiply the
+odds, so they reorder and nudge but cannot carry an unrelated node past the 0.5 line.
 
 The stages, each a function here: nominate candidates (dense over the node index + the query
 engine's keyword candidates), score them, collapse complementary siblings into their parent when most
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from research_agent.discovery import scoring
 from research_agent.discovery.analysis import identifiers
 from research_agent.discovery.boosts import BoostRules, boosts_for
+from research_agent.discovery.direction import direction, split_sides
 from research_agent.discovery.models import Recommendation
 from research_agent.discovery.node_index import Node, NodeIndex, ancestors, unit
 from research_agent.text import discovery_terms as terms, surface_words
@@ -93,6 +95,7 @@ class Scored:
     identifier: float = 0.0  # scoring.identifier_weight of the rarest task identifier the node holds
     matched_idents: list[str] = field(default_factory=list)  # those identifiers, as the task writes them
     task_terms: list[str] = field(default_factory=list)  # the task's distinct content words
+    direction: float = 0.0  # direction.direction: the task's have/need sides against the tool's input/output
 
 
 def priority(score: float) -> str:
@@ -179,6 +182,7 @@ class _TaskWords:
     ident_surface: dict[str, str] = field(default_factory=dict)  # task identifier -> as the task writes it
     # task identifiers some searched node defines -> the weight of a node that only mentions one
     mention: dict[str, float] = field(default_factory=dict)
+    sides: tuple[list[str], list[str]] | None = None  # (have, need) stems of a conversion task (direction.py)
 
 
 def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
@@ -198,7 +202,8 @@ def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
     known = _rest_known(qterms, weight, df, written)
     idents = {i: known * scoring.identifier_weight(_ident_df(i, indexes, i in defined)) for i in written}
     mentions = {i: known * MENTION_SHARE * scoring.identifier_weight(_ident_df(i, indexes, False)) for i in defined}
-    return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task, terms), idents, written, mentions)
+    return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task, terms), idents, written, mentions,
+                      split_sides(task))
 
 
 def _ident_df(ident: str, indexes: list[NodeIndex], defined: bool) -> int:
@@ -256,7 +261,8 @@ def _evidence(ix: NodeIndex, node: Node, q: Any, words: _TaskWords, rules: Boost
                   [surface.get(t, t) for t in sorted(hit_body, key=lambda t: -words.weight[t])],
                   rules.factors(node), key_word=key is not None and key in node.terms, task_terms=words.terms,
                   identifier=_ident_evidence(named[0], node, words) if named else 0.0,
-                  matched_idents=[words.ident_surface[i] for i in named])
+                  matched_idents=[words.ident_surface[i] for i in named],
+                  direction=direction(words.sides, node.sides, lambda t: words.weight.get(t, 0.0)))
 
 
 def _ident_evidence(ident: str, node: Node, words: _TaskWords) -> float:
@@ -275,16 +281,21 @@ def _ident_evidence(ident: str, node: Node, words: _TaskWords) -> float:
 
 def feature_rows(scored: list[Scored], keyword: dict[tuple[str, str], tuple[int, float]]) -> list[dict[str, float]]:
     """The model's feature row (scoring.FEATURES) of each candidate; set-level features read all of them."""
-    margins = scoring.margins([s.dense for s in scored], [_copy_key(s) for s in scored])
+    keys = [_copy_key(s) for s in scored]
+    margins = scoring.margins([s.dense for s in scored], keys, [s.direction >= 0 for s in scored])
+    copies = Counter(keys)
     top_bm25 = max((bm for _, bm in keyword.values()), default=0.0)
     rows = []
-    for s, margin in zip(scored, margins):
+    for s, margin, key in zip(scored, margins, keys):
         rank, bm25 = keyword.get((s.index.collection, s.node.id), (0, 0.0))
         rows.append({"dense": s.dense, "dense_sq": s.dense ** 2, "dense_margin": margin, "coverage": s.coverage,
                      "title_coverage": s.title_coverage, "kw_rr": 1.0 / rank if rank else 0.0,
                      "kw_rel": bm25 / top_bm25 if top_bm25 > 0 else 0.0,
                      "parent": 1.0 if s.node.children else 0.0, "key_word": 1.0 if s.key_word else 0.0,
                      "thin_task": scoring.thin_task(len(s.task_terms)), "breadth": scoring.breadth(len(s.node.terms)),
+                     "direction": max(s.direction, 0.0), "against": max(-s.direction, 0.0),
+                     "copies": scoring.copies(copies[key] - 1) if s.key_word else 0.0,
+                     "tool": 1.0 if s.node.sides is not None else 0.0,
                      "identifier": s.identifier})
     return rows
 

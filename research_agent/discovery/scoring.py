@@ -12,7 +12,9 @@ every answer (issue 14). The evidence per candidate node is cheap and mostly sca
 - `dense_margin`: `dense` minus the best cosine among the *other* candidates (the gap to the next
   candidates: positive only for the clear leader, negative for the runners-up). Copies of one tool (leaf
   sections with the same title: a catalog lists one tool under a dozen servers) are not rivals, so the gap
-  is to the best candidate with another title (ToolGym dev, fit: real tasks with a leader >= 0.5 0.46 -> 0.50);
+  is to the best candidate with another title (ToolGym dev, fit: real tasks with a leader >= 0.5 0.46 -> 0.50),
+  nor is a tool that runs the task's conversion the wrong way (`against` > 0: reverse geocoding, cosine 0.69,
+  made geocoding, 0.62, look like a runner-up);
 - `coverage` / `title_coverage`: the IDF-weighted share of the task's content words in the node's text
   / in its title and header path (shares of the task, so they do not grow with the knowledge base);
 - `kw_rr`: 1 / the node's rank in the keyword (BM25) candidates, 0 when BM25 did not nominate it;
@@ -30,6 +32,23 @@ every answer (issue 14). The evidence per candidate node is cheap and mostly sca
   section ~20 words: 0.06, a curated section ~100: 0.25, a 1,500-word salad of common words: 0.8). Why:
   coverage rewards *containing* the task's words, and a node that contains every word says little about
   any (a word-salad file reached 0.5 on 7 of 10 no-match tasks without it, issue 14).
+
+- `direction` / `against` (issue 14, fourth round; direction.py): how a conversion task's sides ("have an
+  address, need latitude and longitude") line up with a tool section's sides (its parameters and the X of "X
+  into Y" are what it takes, the Y or the rest of its description what it gives), -1..1 split into its positive
+  part and its negative part. Why two: a tool that takes what the task wants is almost never right (ToolGym
+  dev: 1 of 171 candidates), while agreeing is weak evidence; one coefficient fitted 1.4 for both and left
+  reverse geocoding first for "address -> latitude"; split, `against` fits -2.3. 0 on any node without a
+  `Parameters:` line (curated knowledge) and on tasks with no have/need or convert-into phrasing;
+- `tool`: 1 for a tool section (a node with a `Parameters:` line), in TOOL_FEATURES: fitted after the others
+  on the tool rows alone. Why: on the catalog the leaders were under-confident (ToolGym dev, top answer: mean
+  0.48, right 58 %) while the golden set's were not (0.48 / 49 %); fitted jointly (+0.9) it pulled the curated
+  intercept down (the golden "logging" section 0.45 -> 0.26, under the prefer-the-parent line); fitted after,
+  it is the catalog's residual offset (+0.2) and curated scores are untouched;
+- `copies`: the other candidates with the same tool title (scoring.copies, n / (n + COPIES_HALF)), counted
+  only when the node holds the task's rarest word. Why: a tool a dozen servers list (get_current_weather,
+  mysql_query) is a real, common tool, and its copies split the probability between them; unrestricted, the
+  copies of WhatsApp's send_message took "send a message to a Telegram group" (no tool serves it) to 0.61.
 
 - `identifier` (a fixed prior, not fitted): 1 / sqrt(df) of the rarest code-like word of the task
   (`RESERVED_PREFIX`, `discoverContext`; analysis.identifiers) that the node holds verbatim, df being the
@@ -54,30 +73,40 @@ from __future__ import annotations
 import math
 
 FEATURES = ("dense", "dense_sq", "dense_margin", "coverage", "title_coverage", "kw_rr", "kw_rel", "parent", "key_word",
-            "thin_task", "breadth")
+            "thin_task", "breadth", "direction", "against", "copies", "tool")
 #: A task with fewer content words than this counts as padded with unknown words (thin_task).
 MIN_TASK_TERMS = 3
 #: The distinct-word count at which breadth is 0.5 (a long curated section; tool sections have 10-40).
 BREADTH_HALF = 300
+
+#: Features only a catalog's tool sections have: fitted after the others, on those rows alone, so that curated
+#: knowledge (where they are 0) is scored as the shared fit says (benchmarks/fit_discovery.py, fit).
+TOOL_FEATURES = ("tool",)
+#: The number of other copies at which `copies` is 0.5 (ToolGym: a weather or MySQL tool listed by 5-30 servers).
+COPIES_HALF = 3
 
 #: Log-odds added per unit of the `identifier` feature (a prior, see the module docstring): a node that is the
 #: only holder of an identifier the task names gets odds x20 (0.2 -> 0.83); one of a hundred holders x1.35.
 IDENTIFIER_COEF = 3.0
 
 # -- fitted by benchmarks/fit_discovery.py (see the module docstring) ---------------------------------------
-INTERCEPT = -4.258
+INTERCEPT = -4.360
 COEF = {
-    "dense": 4.865,
-    "dense_sq": 1.929,
-    "dense_margin": 4.230,
-    "coverage": 0.225,
-    "title_coverage": -0.843,
-    "kw_rr": 0.708,
-    "kw_rel": 0.748,
-    "parent": -1.007,
-    "key_word": 0.734,
-    "thin_task": -2.023,
-    "breadth": -0.361,
+    "dense": 4.767,
+    "dense_sq": 1.766,
+    "dense_margin": 4.744,
+    "coverage": 0.451,
+    "title_coverage": -0.960,
+    "kw_rr": 0.864,
+    "kw_rel": 0.801,
+    "parent": -0.770,
+    "key_word": 0.245,
+    "thin_task": -2.008,
+    "breadth": -0.440,
+    "direction": 0.337,
+    "against": -2.349,
+    "copies": 2.037,
+    "tool": 0.206,
 }
 # -- end of fitted block ---------------------------------------------------------------------------------------
 
@@ -111,23 +140,33 @@ def thin_task(n_terms: int) -> float:
     return max(0, MIN_TASK_TERMS - n_terms) / MIN_TASK_TERMS
 
 
+def copies(n_others: int) -> float:
+    """How many other candidates are copies of this one (same tool title), saturated: n / (n + COPIES_HALF), 0..1."""
+    return n_others / (n_others + COPIES_HALF)
+
+
 def breadth(n_terms: int) -> float:
     """A node's distinct content words, saturated: n / (n + BREADTH_HALF), 0..1."""
     return n_terms / (n_terms + BREADTH_HALF)
 
 
-def margins(dense: list[float], groups: list[str] | None = None) -> list[float]:
+def margins(dense: list[float], groups: list[str] | None = None, rivals: list[bool] | None = None) -> list[float]:
     """Each value minus the best of the others outside its group (the leader's gap to the runner-up is positive).
 
     `groups` (one key per value, default: each its own) names copies of one thing: a catalog lists the same
     tool under several servers (ToolGym: a dozen "sequentialthinking" and weather servers), and a copy is not
-    a rival, so the gap is measured to the best candidate that is something else.
+    a rival, so the gap is measured to the best candidate that is something else. `rivals` (default: all)
+    says which values may be that something else: a tool that runs the task's conversion the wrong way
+    (direction.py: it takes as input what the task wants) is no alternative, however close its words
+    ("have an address, need latitude and longitude": reverse geocoding, cosine 0.69 against 0.62).
     """
     if not dense:
         return []
     keys = groups if groups is not None else [str(i) for i in range(len(dense))]
+    ok = rivals if rivals is not None else [True] * len(dense)
     best: dict[str, float] = {}
-    for k, d in zip(keys, dense):
-        best[k] = max(best.get(k, d), d)
+    for k, d, rival in zip(keys, dense, ok):
+        if rival:
+            best[k] = max(best.get(k, d), d)
     top = sorted(best.items(), key=lambda kv: -kv[1])[:2]
     return [d - next((v for k, v in top if k != key), 0.0) for d, key in zip(dense, keys)]
