@@ -16,13 +16,12 @@ from research_agent.catalog.common import DEFAULT_PAGE, MAX_PAGE
 from research_agent.config import Settings
 
 Filters = Annotated[dict[str, Any] | None, Field(
-    description="Only chunks matching every field, e.g. {\"kind\": [\"note\", \"research\"]} (a list: any of). "
-                "Fields: content_type, kind, node_type, status, tags, keywords, code_language, document, "
-                "collection.")]
-MaxTokens = Annotated[int | None, Field(description="Token budget for the results (one at least).", ge=1)]
+    description="Only chunks matching every field, e.g. {\"kind\": [\"note\", \"research\"]} (a list: any of): "
+                "content_type, kind, node_type, status, tags, keywords, code_language, document, collection.")]
+MaxTokens = Annotated[int | None, Field(description="Token budget for the results.", ge=1)]
 Snippets = Annotated[bool, Field(description="Each chunk's most relevant excerpt instead of all of it.")]
 Limit = Annotated[int | None, Field(description=f"Page size (default {DEFAULT_PAGE}).", ge=1, le=MAX_PAGE)]
-Cursor = Annotated[str | None, Field(description="The previous page's next_cursor.")]
+Cursor = Annotated[str | None, Field(description="The last page's next_cursor.")]
 #: The JSON-schema bound of a result count (top_k, max_results, k): the services refuse counts above the
 #: max_top_k setting, 100 unless configured, and a schema without `maximum` let agents learn that only from a
 #: failed call. Advertised, not validated here: the setting decides at call time (a store configured for more

@@ -15,10 +15,10 @@ from research_agent.mcp.calls import Tool, add_tools, container
 from research_agent.mcp.params import COUNT_BOUND, Cursor, Limit, TaskType, aliased, names
 from research_agent.search.service import QueryResult
 
-DISCOVER = Tool("Before a coding task, ask what knowledge it needs: ranked recommendations {id, path, title, type, "
-                "relevance_score, reason, estimated_tokens}. relevance_score is the probability a node is needed: "
-                ">= 0.9 load, >= 0.7 should load, >= 0.5 consider; none >= 0.5: nothing relevant is known. Load "
-                "ids with retrieve_knowledge.",
+DISCOVER = Tool("Before a coding task: the knowledge it needs, ranked {id, path, title, type, relevance_score, "
+                "reason, estimated_tokens}. relevance_score is the probability a node is needed: >= 0.9 load, "
+                ">= 0.7 should, >= 0.5 consider; none >= 0.5: nothing relevant is known. Load ids with "
+                "retrieve_knowledge.",
                 title="Discover context for a task", returns=(DiscoveryResult,), read_only=True, idempotent=True)
 
 DiscoverNames = names("collections", "Collections to search (default: all).")
@@ -45,7 +45,7 @@ async def discover_context(
 
 
 RETRIEVE = Tool("Full content of knowledge nodes by id (from discover_context or list_knowledge_bases), with "
-                "metadata and total_tokens. At most 20 ids; unknown ones are listed in not_found.",
+                "metadata and total_tokens. At most 20 ids; unknown ones are in not_found.",
                 title="Retrieve knowledge", returns=(RetrievalResult,), read_only=True, idempotent=True)
 
 
@@ -105,8 +105,8 @@ async def search_knowledge(
                                         scope=scope or None, max_results=max_results))
 
 
-DEPENDENCIES = Tool("What a node depends on (upstream: blocked_by, parent) and what depends on it (downstream), to "
-                    "depth, with edges {source, target, kind}, cycles and dangling blocked_by ids.",
+DEPENDENCIES = Tool("What a node depends on (upstream: blocked_by, parent) and what depends on it (downstream), "
+                    "with edges {source, target, kind}, cycles and dangling blocked_by ids.",
                     title="Get dependencies", returns=(DependencyGraph,), read_only=True, idempotent=True)
 
 

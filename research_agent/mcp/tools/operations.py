@@ -53,15 +53,15 @@ CHECK = Tool("Check the store for what an interrupted write left (orphan chunks,
 @CHECK
 async def check_store(
     ctx: Context,
-    repair: Annotated[bool, Field(description="Fix what the check finds (deletes orphan chunks).")] = False,
+    repair: Annotated[bool, Field(description="Fix it (deletes orphan chunks).")] = False,
 ) -> ToolResult:
     from research_agent.ops.doctor import run_doctor
 
     return CHECK.result(await CHECK.write(ctx, run_doctor, container(ctx), repair=repair))
 
 
-STATUS = Tool("Version, store and whether it is reachable, models (loaded, available), counts, warm-up, limits "
-              "and running ingestion jobs.",
+STATUS = Tool("Version, store (reachable?), models (loaded, available), counts, warm-up, limits and running "
+              "ingestion jobs.",
               title="Status", returns=(StatusReport,), read_only=True, idempotent=True,
               extra={"running_jobs": {"type": "array"}, "warmup": {"type": "string"}, "limits": {"type": "object"}})
 

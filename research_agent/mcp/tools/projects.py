@@ -22,7 +22,7 @@ PROJECTS = Tool("A project groups the collections searched for one codebase. Ret
                 actions={"list": "read", "info": "read", "create": "write", "link": "write", "unlink": "write",
                          "set-defaults": "write", "delete": "delete"})
 
-LinkedNames = names("collections", "create, link, unlink, set-defaults: collection names.")
+LinkedNames = names("collections", "Collection names (create, link, unlink, set-defaults).")
 
 
 def create_with_links(c: Container, name: str, description: str, collections: list[str] | None) -> ProjectInfo:
@@ -39,7 +39,7 @@ def create_with_links(c: Container, name: str, description: str, collections: li
 @PROJECTS
 async def manage_projects(
     action: Annotated[Literal["create", "list", "info", "delete", "link", "unlink", "set-defaults"], Field(
-        description="set-defaults: the collections a query with this project searches.")],
+        description="set-defaults: what a query with this project searches.")],
     ctx: Context,
     project_name: Annotated[str | None, Field(description="All actions but list.",
                                               validation_alias=aliased("project_name"))] = None,
