@@ -137,6 +137,12 @@ class Settings(BaseModel):
     max_files_per_run: int = Field(20000, ge=1)
     # Roots the MCP server may read files under (empty: its working directory).
     allowed_roots: list[Path] = Field(default_factory=list)
+    # Web pages (kb add-url; MCP ingest_documents with a URL): hosts that may be fetched (empty: none;
+    # "*.example.com" allows its subdomains; internal addresses only when named themselves), the largest page, and
+    # the time for a whole fetch.
+    url_allowed_hosts: list[str] = Field(default_factory=list)
+    url_max_mb: float = Field(5.0, gt=0)
+    url_timeout: float = Field(20.0, gt=0)
 
     # Discovery.
     max_retrieve_ids: int = Field(20, ge=1)
@@ -167,7 +173,8 @@ class Settings(BaseModel):
     log_level: str = "WARNING"
     log_file: Path | None = None
 
-    @field_validator("allowed_roots", "api_keys", "allowed_hosts", "allowed_origins", mode="before")
+    @field_validator("allowed_roots", "api_keys", "allowed_hosts", "allowed_origins", "url_allowed_hosts",
+                     mode="before")
     @classmethod
     def _split_list(cls, value: Any, info: Any) -> Any:
         if isinstance(value, str):

@@ -184,7 +184,9 @@ def chunk_document(
     else:
         chunker.markdown(doc.text, doc.metadata)
     if doc.format in LINE_FORMATS:
-        assign_lines(chunker.chunks, doc.text, doc.first_line, back=chunker.overlap_tokens)
+        # Code chunks cut at the syntax tree know their lines already (code_chunks.py).
+        assign_lines([c for c in chunker.chunks if c.line_start is None], doc.text, doc.first_line,
+                     back=chunker.overlap_tokens)
         for chunk in chunker.from_front_matter:  # its text is not in doc.text, which starts after the front matter
             chunk.line_start, chunk.line_end = 1, max(chunk.line_end or 0, doc.first_line - 1)
     return chunker.chunks
@@ -475,6 +477,8 @@ class _Chunker:
 
     def code(self, text: str, language: str | None) -> None:
         node = self.node("")
+        if self.code_by_tree(text, language, node):
+            return
         units: list[list[str]] = [[]]
         lines = text.split("\n")
         for i, line in enumerate(lines):
@@ -488,6 +492,21 @@ class _Chunker:
         budget = max(1, self.budget("") - (8 if self.model_max else 0))
         for piece in self.pack(blocks, budget, "\n\n", level=_LINES):
             self._emit_code(piece, language, node)
+
+    def code_by_tree(self, text: str, language: str | None, node: NodeFields) -> bool:
+        """Chunks cut at functions and classes, named by symbol path, lines set (code_chunks.py); False when
+        the file is left to the blank-line split (no grammar or tree-sitter, a broken or huge file)."""
+        from research_agent.ingest.code_chunks import code_chunks, module_name
+
+        pieces = code_chunks(text, language, lambda path: self.budget(cap_header_path(path)), self.sizes,
+                             module=module_name(self.source), max_bytes=self.max_bytes)
+        for piece in pieces or []:
+            before = len(self.chunks)
+            self.emit(piece.text, header_path=cap_header_path(piece.symbol_path), content_type="code_block",
+                      language=language, node=node)
+            for chunk in self.chunks[before:]:
+                chunk.line_start, chunk.line_end = piece.line_start, piece.line_end
+        return pieces is not None
 
     def _emit_code(self, text: str, language: str | None, node: NodeFields) -> None:
         # The chunk is named after the definition it opens with, skipping decorators and comments.

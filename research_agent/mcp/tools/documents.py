@@ -4,29 +4,46 @@ listed, read, removed, re-embedded and pruned (research_agent/ingest/, research_
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastmcp import Context, FastMCP
 from fastmcp.tools import ToolResult
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from research_agent.catalog.common import Deleted
 from research_agent.catalog.notes import AugmentResult
 from research_agent.ingest.documents import DocumentContent, DocumentList
+from research_agent.ingest.records import RecordsReport
 from research_agent.ingest.service import IngestReport
+from research_agent.ingest.web import UrlReport
 from research_agent.mcp.calls import Tool, add_tools, container, require
 from research_agent.mcp.params import CollectionName, Cursor, Limit
 
-INGEST = Tool("Add a file or folder (Markdown, code, PDF, ...) to a collection; unchanged files are skipped, changed "
-              "ones replace their chunks. Reports progress; no call timeout. Returns counts and skipped or failed "
-              "files with reasons.",
-              title="Ingest files", returns=(IngestReport,), destructive=True, idempotent=True)
+INGEST = Tool("Add a file or folder (Markdown, code, PDF, notebooks, CSV, ...), a web page (http(s) URL, hosts the "
+              "server allows) or a records file (`records`: one document per JSON/JSONL/CSV record) to a collection; "
+              "unchanged items are skipped, changed ones replace their chunks. Progress; no call timeout. Returns "
+              "counts and what was skipped or failed, with reasons.",
+              title="Ingest files", returns=(IngestReport, RecordsReport, UrlReport), destructive=True,
+              idempotent=True)
+# A web page reaches the network, which no other tool does: say so (MCP's openWorldHint).
+INGEST.annotations["openWorldHint"] = True
+
+
+class RecordsMapping(BaseModel):
+    """Which fields of each record make its document (kb add-records' options); names may be dotted."""
+
+    id_field: str
+    text_fields: list[str] = Field(description="Joined as the text.")
+    title_field: str | None = None
+    keywords_field: str | None = None
+    metadata_fields: list[str] = Field(default_factory=list, description="Added as `field: value` lines.")
+    records_path: str | None = Field(None, description="JSON: the dotted path of the array.")
 
 
 @INGEST
 async def ingest_documents(
     path: Annotated[str, Field(description="On the server, under its allowed roots (default: its working "
-                                           "directory); absolute is safest.")],
+                                           "directory; absolute is safest), or an http(s) URL.")],
     collection: CollectionName,
     ctx: Context,
     recursive: Annotated[bool, Field(description="Folders: include subfolders (as kb add-folder).")] = True,
@@ -34,16 +51,37 @@ async def ingest_documents(
                                                            "['*.md'].")] = None,
     exclude: Annotated[list[str] | None, Field(description="Folders: skip what matches (.gitignore is "
                                                            "honoured anyway).")] = None,
-    prune: Annotated[bool, Field(description="Folders: remove documents whose files are gone.")] = False,
+    prune: Annotated[bool, Field(description="Remove documents whose files (or records) are gone.")] = False,
     title: Annotated[str | None, Field(description="A single file: its title.")] = None,
+    records: Annotated[RecordsMapping | None, Field(description="`path` is a records file (kb add-records).")
+                       ] = None,
 ) -> ToolResult:
     from research_agent.ingest import ingest_path
 
     c = container(ctx)
-    data = await INGEST.job(ctx, {"collection": collection, "path": path}, ingest_path, c, path, collection,
+    job = {"collection": collection, "path": path}
+    if path.strip().lower().startswith(("http://", "https://")):
+        from research_agent.ingest.web import add_urls
+
+        return INGEST.result(await INGEST.write(ctx, add_urls, c, collection, [path]))
+    if records is not None:
+        return INGEST.result(await INGEST.job(ctx, job, _ingest_records, c, path, collection, records, prune=prune,
+                                              allowed_roots=c.settings.resolved_allowed_roots()))
+    data = await INGEST.job(ctx, job, ingest_path, c, path, collection,
                             recursive=recursive, include=tuple(include or ()), exclude=tuple(exclude or ()),
                             prune=prune, title=title, allowed_roots=c.settings.resolved_allowed_roots())
     return INGEST.result(data)
+
+
+def _ingest_records(c: Any, path: str, collection: str, mapping: RecordsMapping, *, prune: bool,
+                    allowed_roots: list[Any], progress: Any = None) -> RecordsReport:
+    """The mapping is checked inside the call, so a bad one is a coded tool error like the service's own."""
+    from research_agent.ingest.records import RecordFields, ingest_records
+
+    fields = RecordFields(id=mapping.id_field, text=tuple(mapping.text_fields), title=mapping.title_field,
+                          keywords=mapping.keywords_field, metadata=tuple(mapping.metadata_fields),
+                          records_path=mapping.records_path)
+    return ingest_records(c, path, collection, fields, prune=prune, progress=progress, allowed_roots=allowed_roots)
 
 
 AUGMENT = Tool("Save research text with its source so queries find it; the same content and source is stored once "

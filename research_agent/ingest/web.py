@@ -1,0 +1,316 @@
+"""Web pages as documents: `kb add-url URL...` and MCP `ingest_documents` with an http(s) URL (issue 17).
+
+A page is fetched only from a host the configuration allows (`url_allowed_hosts`; empty = every URL refused,
+so a knowledge base never reaches the network unless its owner says where), with bounds on size
+(`url_max_mb`) and time (`url_timeout`, for the whole fetch, not per read), following at most
+`MAX_REDIRECTS` redirects, each of which must land on an allowed host too. HTML is reduced to its main
+content as Markdown by trafilatura (navigation, footers and comments dropped), falling back to our own HTML
+parser when trafilatura finds no main content; Markdown, plain text and PDF are parsed as files are.
+
+Each page is one document keyed `url:<normalised URL>`, with kind `web`, source = the URL and provenance
+`extra = {url, final_url, fetched_at, content_type}`. Adding the same URL again re-fetches it: an unchanged
+page (same extracted text) writes nothing ("unchanged"), a changed one replaces its chunks ("updated")
+through the same crash-safe write as files (ingest.service.write_documents).
+
+Address checks: only http and https; no credentials in the URL (they would be stored as the source and
+shown in every hit); a host written as a name that resolves to a loopback, private or link-local address
+is refused unless that address (or `localhost`) is itself allowed — a public name pointed at 127.0.0.1
+(DNS rebinding) does not reach local services. The check resolves the name before the request, so a
+resolver that answers differently a second later can still slip through; the allow-list is the boundary.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urljoin, urlsplit, urlunsplit
+
+from pydantic import BaseModel
+
+from research_agent.errors import ConfigError, DocumentError
+from research_agent.text import clean_text
+
+if TYPE_CHECKING:
+    from research_agent.container import Container
+
+log = logging.getLogger(__name__)
+
+#: Redirect hops followed per URL (browsers allow ~20; documentation sites use one or two).
+MAX_REDIRECTS = 5
+#: URLs per call: each is a fetch of up to url_timeout seconds.
+MAX_URLS = 50
+#: The longest URL accepted (browsers and servers commonly stop near 8 KB).
+MAX_URL_CHARS = 2048
+#: Content types read, and how: everything else is refused with its type named.
+_PARSERS = {"text/html": ".html", "application/xhtml+xml": ".html", "text/markdown": ".md",
+            "text/x-markdown": ".md", "text/plain": ".txt", "application/pdf": ".pdf"}
+_USER_AGENT = "research-agent (+https://github.com/research-agent) knowledge-base fetcher"
+
+
+class UrlResult(BaseModel):
+    url: str
+    document: str | None = None
+    title: str | None = None
+    status: str  # added | updated | unchanged | failed
+    chunks_written: int = 0
+    final_url: str | None = None
+    fetched_at: str | None = None
+    reason: str | None = None
+
+
+class UrlReport(BaseModel):
+    collection: str
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    failed: int = 0
+    results: list[UrlResult]
+
+
+@dataclass
+class Page:
+    url: str
+    final_url: str
+    content_type: str
+    body: bytes
+    fetched_at: str
+
+
+def normalise(url: str) -> str:
+    """The URL as a document key part: scheme and host lowercased, default port and fragment dropped."""
+    parts = urlsplit(url.strip())
+    host = (parts.hostname or "").lower()
+    port = parts.port
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    netloc = host if port in (None, default) else f"{host}:{port}"
+    return urlunsplit((parts.scheme.lower(), netloc, parts.path or "/", parts.query, ""))
+
+
+def document_for(url: str) -> str:
+    return f"url:{normalise(url)}"
+
+
+def check_url(url: Any, allowed: list[str]) -> str:
+    """`url` if it may be fetched, else DocumentError (bad URL) or ConfigError (host not allowed)."""
+    if not isinstance(url, str) or not url.strip():
+        raise DocumentError("The URL is empty", guidance="Pass an http(s) URL.")
+    url = url.strip()
+    if len(url) > MAX_URL_CHARS:
+        raise DocumentError(f"The URL has {len(url)} characters; the limit is {MAX_URL_CHARS}",
+                            guidance="Pass the page's canonical URL.")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise DocumentError(f"Not a valid URL: {url[:200]!r} ({exc})", guidance="Pass an http(s) URL.") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise DocumentError(f"Only http and https URLs are fetched, not {url[:200]!r}",
+                            guidance="Pass an http(s) URL; add local files with kb add-document.")
+    if parts.username or parts.password:
+        raise DocumentError("URLs with credentials are refused (they would be stored and shown as the source)",
+                            guidance="Pass the URL without user:password@.")
+    host = parts.hostname.lower()
+    if not host_allowed(host, allowed):
+        raise ConfigError(f"The host {host[:200]!r} is not allowed",
+                          guidance="Add it to RESEARCH_AGENT_URL_ALLOWED_HOSTS (comma-separated host names; "
+                                   "*.example.com allows subdomains).", host=host[:200])
+    _check_address(host, allowed)
+    return url
+
+
+def host_allowed(host: str, allowed: list[str]) -> bool:
+    for entry in (a.strip().lower().rstrip(".") for a in allowed):
+        if entry == "*" or entry == host:
+            return True
+        if entry.startswith("*.") and (host.endswith(entry[1:]) or host == entry[2:]):
+            return True
+    return False
+
+
+def _check_address(host: str, allowed: list[str]) -> None:
+    """A loopback, private or link-local address (literal, or what a name resolves to) must be allowed by itself."""
+    named = [a.strip().lower() for a in allowed]
+    try:
+        addresses = [ipaddress.ip_address(host.strip("[]"))]
+    except ValueError:
+        if host == "localhost" and "localhost" in named:
+            return
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError) as exc:
+            raise DocumentError(f"Cannot resolve {host[:200]!r}: {exc}", guidance="Check the URL and the network.",
+                                host=host[:200]) from None
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    for addr in addresses:
+        # "*" does not reach these: 169.254.169.254 (cloud metadata) or a local admin port stay closed unless named.
+        if (addr.is_loopback or addr.is_private or addr.is_link_local or addr.is_unspecified) \
+                and str(addr) not in named:
+            raise ConfigError(f"{host[:200]!r} resolves to the internal address {addr}; it is not fetched",
+                              guidance=f"Allow {addr} itself in RESEARCH_AGENT_URL_ALLOWED_HOSTS if this is "
+                                       "intended.", host=host[:200])
+
+
+def fetch(url: str, *, allowed: list[str], max_bytes: int, timeout: float) -> Page:
+    """GET `url` within the bounds (module docstring); redirects are followed by hand so each hop is checked."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    current = url
+    with httpx.Client(follow_redirects=False, timeout=httpx.Timeout(timeout),
+                      headers={"User-Agent": _USER_AGENT, "Accept": ", ".join(_PARSERS)}) as client:
+        for _ in range(MAX_REDIRECTS + 1):
+            check_url(current, allowed)
+            try:
+                with client.stream("GET", current) as resp:
+                    if resp.is_redirect:
+                        current = urljoin(current, resp.headers.get("location", ""))
+                        continue
+                    if resp.status_code >= 400:
+                        raise DocumentError(f"{current[:200]} answered HTTP {resp.status_code}",
+                                            guidance="Check the URL.", status=resp.status_code)
+                    body = _read_bounded(resp, max_bytes, deadline, current)
+                    kind = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+                    return Page(url, current, kind, body, _now())
+            except httpx.TimeoutException:
+                raise DocumentError(f"{current[:200]} did not answer within {timeout:g} s",
+                                    guidance="Retry, or raise RESEARCH_AGENT_URL_TIMEOUT.") from None
+            except httpx.HTTPError as exc:
+                raise DocumentError(f"Cannot fetch {current[:200]}: {type(exc).__name__}: {str(exc)[:200]}",
+                                    guidance="Check the URL and the network.") from None
+    raise DocumentError(f"{url[:200]} redirected more than {MAX_REDIRECTS} times", guidance="Pass the final URL.")
+
+
+def _read_bounded(resp: Any, max_bytes: int, deadline: float, url: str) -> bytes:
+    declared = resp.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise DocumentError(f"{url[:200]} is {int(declared)} bytes; the limit is {max_bytes}",
+                            guidance="Raise RESEARCH_AGENT_URL_MAX_MB to fetch it.")
+    out = bytearray()
+    for block in resp.iter_bytes():
+        out += block
+        if len(out) > max_bytes:
+            raise DocumentError(f"{url[:200]} is over {max_bytes} bytes", guidance="Raise RESEARCH_AGENT_URL_MAX_MB.")
+        if time.monotonic() > deadline:
+            raise DocumentError(f"{url[:200]} took longer than the time limit to send",
+                                guidance="Retry, or raise RESEARCH_AGENT_URL_TIMEOUT.")
+    return bytes(out)
+
+
+def _now() -> str:
+    from research_agent.catalog.collections import now_iso
+
+    return now_iso()
+
+
+def page_markdown(page: Page) -> tuple[str, str | None]:
+    """(Markdown text, title) of a fetched page; DocumentError for a type we do not read or an empty page."""
+    from research_agent.ingest import parsing
+
+    suffix = _PARSERS.get(page.content_type)
+    if suffix is None and not page.content_type:
+        suffix = ".html" if page.body.lstrip()[:1] == b"<" else ".txt"
+    if suffix is None:
+        raise DocumentError(f"{page.final_url[:200]} is {page.content_type!r}, not a page we read",
+                            guidance="Pages in HTML, Markdown, plain text or PDF are read.")
+    if suffix == ".html":
+        text, title = _main_content(page)
+        if text:
+            return text, title
+    parsed = parsing.parse_bytes(page.body, Path(f"page{suffix}"))
+    return parsed.text, parsed.title
+
+
+def _main_content(page: Page) -> tuple[str | None, str | None]:
+    """trafilatura's main content as Markdown, and the page title (None, None when it finds nothing)."""
+    import trafilatura
+
+    html = page.body.decode("utf-8", "replace")
+    try:
+        text = trafilatura.extract(html, url=page.final_url, output_format="markdown", include_tables=True,
+                                   include_comments=False, include_links=False, favor_precision=True)
+        meta = trafilatura.extract_metadata(html)
+    except Exception as exc:  # a parser failure on hostile markup: fall back to our own HTML reader
+        log.warning("main-content extraction failed for %s: %s", page.final_url[:200], exc)
+        return None, None
+    title = getattr(meta, "title", None) if meta is not None else None
+    return (_tidy(clean_text(text)) if text and text.strip() else None), title
+
+
+def _tidy(markdown: str) -> str:
+    """trafilatura's Markdown with identifiers whole and tables separated: it writes `max\\_surge` (so BM25 saw
+    "max" and "surge", and an identifier search missed it) and starts a table right under a paragraph line
+    (so our parser read it as text)."""
+    markdown = re.sub(r"\\([_*])", r"\1", markdown)
+    return re.sub(r"(?m)^([^|\n][^\n]*)\n(?=\|)", r"\1\n\n", markdown)
+
+
+def add_urls(c: Container, collection: str, urls: list[str]) -> UrlReport:
+    """Fetch and store each URL (module docstring); one failure is reported and the others go on."""
+    from research_agent.catalog.collections import open_collection
+    from research_agent.ingest.service import recover_if_needed
+
+    if not isinstance(urls, list) or not urls:
+        raise DocumentError("No URL given", guidance="Pass one or more http(s) URLs.")
+    if len(urls) > MAX_URLS:
+        raise DocumentError(f"{len(urls)} URLs in one call; the limit is {MAX_URLS}", guidance="Split the list.")
+    s = c.settings
+    if not s.url_allowed_hosts:
+        raise ConfigError("Fetching web pages is off: no host is allowed",
+                          guidance="Set RESEARCH_AGENT_URL_ALLOWED_HOSTS to the hosts you trust, e.g. "
+                                   "docs.python.org,*.readthedocs.io.")
+    c.store.refresh()
+    open_collection(c, collection)
+    recover_if_needed(c, collection)
+    results = [_add_one(c, collection, url) for url in dict.fromkeys(urls)]
+    counts = {k: sum(r.status == k for r in results) for k in ("added", "updated", "unchanged", "failed")}
+    return UrlReport(collection=collection, results=results, **counts)
+
+
+def _add_one(c: Container, collection: str, url: Any) -> UrlResult:
+    shown = _redacted(url[:MAX_URL_CHARS]) if isinstance(url, str) else repr(url)[:200]
+    try:
+        return _fetch_and_write(c, collection, check_url(url, c.settings.url_allowed_hosts))
+    except (DocumentError, ConfigError) as exc:
+        return UrlResult(url=shown, status="failed", reason=exc.message)
+
+
+def _redacted(url: str) -> str:
+    """The URL without a password, for reports and logs (a refused URL is echoed back in the report)."""
+    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1***@", url)
+
+
+def _fetch_and_write(c: Container, collection: str, url: str) -> UrlResult:
+    from research_agent.ingest.parsing import parse_text
+    from research_agent.ingest.prepare import PreparedDocument, chunk_parsed, content_hash, document_key
+    from research_agent.ingest.service import write_documents
+
+    s = c.settings
+    page = fetch(url, allowed=s.url_allowed_hosts, max_bytes=int(s.url_max_mb * 1024 * 1024),
+                 timeout=s.url_timeout)
+    text, title = page_markdown(page)
+    if not text.strip():
+        raise DocumentError(f"{page.final_url[:200]} has no text", guidance="Check that the URL is a page.")
+    document = document_for(url)
+    title = clean_text(title or "") or page.final_url
+    digest = content_hash(f"{title}\n{text}")
+    key = document_key(collection, document)
+    old = c.store.registry_get([key]).get(key)
+    base = {"url": url, "document": document, "title": title, "final_url": page.final_url,
+            "fetched_at": page.fetched_at}
+    if old is not None and old.get("content_hash") == digest:
+        return UrlResult(**base, status="unchanged")
+    chunks = chunk_parsed(c, parse_text(text, format="markdown", name=title), document, title)
+    if len(chunks) > s.max_chunks_per_file:
+        raise DocumentError(f"{len(chunks)} chunks exceed the limit of {s.max_chunks_per_file} per document",
+                            guidance="Raise RESEARCH_AGENT_MAX_CHUNKS_PER_FILE.")
+    doc = PreparedDocument(document=document, title=title, kind="web", source=url, content_hash=digest,
+                           chunks=chunks, extra={"url": url, "final_url": page.final_url,
+                                                 "fetched_at": page.fetched_at, "content_type": page.content_type})
+    written = write_documents(c, collection, [doc])
+    return UrlResult(**base, status="updated" if old is not None else "added", chunks_written=written)

@@ -1,0 +1,274 @@
+"""Web pages as documents (issue 17): `kb add-url` / `ingest_url` against a real local HTTP server.
+
+The server is a stdlib ThreadingHTTPServer on 127.0.0.1 serving fixed pages, redirects, oversized and slow
+bodies; the store is a real embedded Chroma. The fake embedder serves the logic tests; one CLI test runs the
+real packaged model end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from research_agent.catalog import collections
+from research_agent.errors import ConfigError, DocumentError
+from research_agent.ingest import web
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ARTICLE = """<html><head><title>Deploying the widget service</title></head><body>
+<nav><a href="/">Home</a> | <a href="/pricing">Pricing</a> | <a href="/login">Login</a></nav>
+<article><h1>Deploying the widget service</h1>
+<p>To deploy the widget service, build the container image with <code>make image</code> and push it to the
+registry. The rollout controller then replaces pods one at a time and waits for the readiness probe.</p>
+<h2>Rolling back</h2>
+<p>If the readiness probe fails three times the controller rolls back to the previous image automatically;
+operators can also run the rollback command by hand with the release number.</p>
+<table><tr><th>setting</th><th>default</th></tr><tr><td>max_surge</td><td>1</td></tr></table>
+</article>
+<footer>Copyright 2026 Widget Corp. All rights reserved. Cookie settings. Subscribe to our newsletter.</footer>
+</body></html>"""
+
+
+class Pages:
+    """What the server answers; tests change `article` to simulate a page edited between fetches."""
+
+    article = ARTICLE
+    hits = 0
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # keep the test output clean
+        pass
+
+    def _send(self, code: int, body: bytes, kind: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):  # noqa: N802 - the stdlib's name
+        Pages.hits += 1
+        port = self.server.server_address[1]
+        if self.path == "/page.html":
+            self._send(200, Pages.article.encode(), "text/html; charset=utf-8")
+        elif self.path == "/notes.md":
+            self._send(200, b"# Release notes\n\nVersion 2 adds the rollback command.\n", "text/markdown")
+        elif self.path == "/redirect":
+            self._send(302, b"", "text/plain", {"Location": "/page.html"})
+        elif self.path == "/redirect-out":
+            self._send(302, b"", "text/plain", {"Location": "http://not-allowed.invalid/"})
+        elif self.path == "/redirect-loop":
+            self._send(302, b"", "text/plain", {"Location": f"http://127.0.0.1:{port}/redirect-loop"})
+        elif self.path == "/big-declared":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(10 * 1024 * 1024 * 1024))
+            self.end_headers()
+        elif self.path == "/big-chunked":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()  # no length: the body runs until the connection closes
+            try:
+                for _ in range(4096):
+                    self.wfile.write(b"x" * 65536)
+            except OSError:
+                pass
+        elif self.path == "/slow":
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            try:
+                for _ in range(120):
+                    self.wfile.write(b"drip ")
+                    self.wfile.flush()
+                    time.sleep(0.25)
+            except OSError:
+                pass
+        elif self.path == "/binary":
+            self._send(200, b"\x00\x01\x02", "application/octet-stream")
+        else:
+            self._send(404, b"not found", "text/plain")
+
+
+@pytest.fixture
+def site():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    Pages.article, Pages.hits = ARTICLE, 0
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def kb(container, fake_embedder):
+    container.settings.url_allowed_hosts = ["127.0.0.1"]
+    container.settings.url_timeout = 3.0
+    collections.create_collection(container, "web")
+    return container
+
+
+def _chunks(c, document: str) -> list[str]:
+    from research_agent.ingest import get_document_chunks
+
+    return [ch.content for ch in get_document_chunks(c, "web", document).chunks]
+
+
+def test_fetching_is_off_until_a_host_is_allowed(container, fake_embedder, site):
+    collections.create_collection(container, "web")
+    with pytest.raises(ConfigError) as exc:
+        web.add_urls(container, "web", [f"{site}/page.html"])
+    assert "RESEARCH_AGENT_URL_ALLOWED_HOSTS" in exc.value.data["guidance"] and Pages.hits == 0
+
+
+def test_a_page_is_stored_as_its_main_content_with_provenance(kb, site):
+    report = web.add_urls(kb, "web", [f"{site}/page.html"])
+    (r,) = report.results
+    assert (r.status, report.added) == ("added", 1) and r.document == f"url:{site}/page.html"
+    assert r.title == "Deploying the widget service" and r.fetched_at and r.chunks_written >= 1
+    text = "\n".join(_chunks(kb, r.document))
+    assert "readiness probe" in text and "rolls back to the previous image" in text and "max_surge" in text
+    assert "Cookie settings" not in text and "Pricing" not in text  # navigation and footer dropped
+    from research_agent.ingest import find_document
+
+    manifest = next(iter(find_document(kb, "web", r.document).values()))
+    assert manifest["kind"] == "web" and manifest["source"] == f"{site}/page.html"
+    assert manifest["extra"]["final_url"] == f"{site}/page.html" and manifest["extra"]["fetched_at"]
+
+
+def test_adding_again_refreshes_by_content(kb, site):
+    url = f"{site}/page.html"
+    web.add_urls(kb, "web", [url])
+    again = web.add_urls(kb, "web", [url]).results[0]
+    assert (again.status, again.chunks_written) == ("unchanged", 0)
+    Pages.article = ARTICLE.replace("three times", "five times")
+    changed = web.add_urls(kb, "web", [url]).results[0]
+    assert changed.status == "updated" and changed.chunks_written >= 1
+    text = "\n".join(_chunks(kb, changed.document))
+    assert "five times" in text and "three times" not in text  # the old version's chunks are gone
+
+
+def test_redirects_are_followed_on_allowed_hosts_only(kb, site):
+    ok, out, loop = web.add_urls(kb, "web", [f"{site}/redirect", f"{site}/redirect-out",
+                                             f"{site}/redirect-loop"]).results
+    assert ok.status == "added" and ok.final_url == f"{site}/page.html"
+    assert out.status == "failed" and "not-allowed.invalid" in out.reason and "not allowed" in out.reason
+    assert loop.status == "failed" and "redirected more than" in loop.reason
+
+
+def test_oversized_slow_and_foreign_pages_fail_with_their_reason(kb, site):
+    kb.settings.url_max_mb = 1.0
+    kb.settings.url_timeout = 2.0
+    start = time.monotonic()
+    declared, chunked, slow, binary, missing, md = web.add_urls(kb, "web", [
+        f"{site}/big-declared", f"{site}/big-chunked", f"{site}/slow", f"{site}/binary", f"{site}/nope",
+        f"{site}/notes.md"]).results
+    assert time.monotonic() - start < 60  # bounded (the slow page alone would drip for 30 s)
+    assert declared.status == "failed" and "limit is 1048576" in declared.reason
+    assert chunked.status == "failed" and "over 1048576 bytes" in chunked.reason
+    assert slow.status == "failed" and ("within 2 s" in slow.reason or "time limit" in slow.reason)
+    assert binary.status == "failed" and "application/octet-stream" in binary.reason
+    assert missing.status == "failed" and "HTTP 404" in missing.reason
+    assert md.status == "added" and "rollback command" in "\n".join(_chunks(kb, md.document))
+
+
+@pytest.mark.parametrize("url,fragment", [
+    ("ftp://127.0.0.1/file", "Only http and https"),
+    ("http://user:secret@127.0.0.1/page.html", "credentials"),
+    ("http://127.0.0.1:99999/", "Not a valid URL"),
+    ("http://127.0.0.1/" + "a" * 3000, "the limit is 2048"),
+    ("", "empty"),
+])
+def test_bad_urls_are_refused_before_any_request(kb, site, url, fragment):
+    (r,) = web.add_urls(kb, "web", [url]).results
+    assert r.status == "failed" and fragment in r.reason and Pages.hits == 0
+    assert "secret" not in json.dumps(r.model_dump())
+
+
+def test_internal_addresses_need_naming_themselves(kb, site):
+    port = site.rsplit(":", 1)[1]
+    kb.settings.url_allowed_hosts = ["*"]  # any public host: still not loopback, private or link-local
+    literal, name, metadata = web.add_urls(kb, "web", [f"{site}/page.html", f"http://localhost:{port}/page.html",
+                                                       "http://169.254.169.254/latest/meta-data/"]).results
+    assert all(r.status == "failed" for r in (literal, name, metadata)) and Pages.hits == 0
+    assert "internal address 127.0.0.1" in literal.reason and "localhost" in name.reason
+    kb.settings.url_allowed_hosts = ["localhost"]
+    assert web.add_urls(kb, "web", [f"http://localhost:{port}/page.html"]).results[0].status == "added"
+
+
+def test_too_many_urls_and_wildcards():
+    with pytest.raises(DocumentError):
+        web.check_url("gopher://x", ["*"])
+    assert web.host_allowed("docs.example.com", ["*.example.com"]) and web.host_allowed("example.com",
+                                                                                         ["*.example.com"])
+    assert not web.host_allowed("example.com.evil.net", ["*.example.com"])
+    assert not web.host_allowed("badexample.com", ["*.example.com"])
+    assert web.normalise("HTTP://Docs.Example.com:80/a?b=1#frag") == "http://docs.example.com/a?b=1"
+
+
+def test_too_many_urls_in_one_call(kb):
+    with pytest.raises(DocumentError, match="limit is 50"):
+        web.add_urls(kb, "web", [f"http://127.0.0.1/{i}" for i in range(51)])
+
+
+@pytest.mark.slow
+def test_cli_add_url_then_query_finds_the_page(tmp_path, site):
+    """The real CLI in a new process with the packaged model: add a page, ask about it, get it back."""
+    env = {**os.environ, "RESEARCH_AGENT_STORE": str(tmp_path / "store"),
+           "RESEARCH_AGENT_URL_ALLOWED_HOSTS": "127.0.0.1", "HF_HUB_OFFLINE": "1"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "research_agent", "--json", *args], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    added = cli("kb", "add-url", f"{site}/page.html", f"{site}/nope", "--collection", "web", "--create")
+    assert added.returncode == 0, added.stderr  # one of two failed: listed, not fatal (as add-folder)
+    report = json.loads(added.stdout)
+    assert (report["added"], report["failed"]) == (1, 1)
+    failed = cli("kb", "add-url", f"{site}/nope", "--collection", "web")
+    assert failed.returncode == 5 and json.loads(failed.stdout)["failed"] == 1
+    answer = json.loads(cli("query", "how do I roll back a failed deploy?", "--collections", "web").stdout)
+    assert answer["results"], answer
+    assert answer["results"][0]["source_document"] == f"url:{site}/page.html", answer["results"][0]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_mcp_ingest_documents_takes_a_url_on_the_same_library_call(site, fake_embedder, no_warmup, monkeypatch,
+                                                                       anyio_backend):
+    """ingest_documents with a URL through a real in-memory MCP client: the same report as kb add-url; a refused
+    host is a per-URL failure, and with no host allowed the call is a -32001 configuration error with guidance."""
+    from fastmcp import Client
+    from mcp.shared.exceptions import MCPError
+
+    import mcp_server
+
+    async with Client(mcp_server.mcp) as client:
+        await client.call_tool("manage_collections", {"action": "create", "collection_name": "web"})
+        with pytest.raises(MCPError, match="RESEARCH_AGENT_URL_ALLOWED_HOSTS"):
+            await client.call_tool("ingest_documents", {"path": f"{site}/page.html", "collection": "web"})
+    monkeypatch.setenv("RESEARCH_AGENT_URL_ALLOWED_HOSTS", "127.0.0.1")
+    async with Client(mcp_server.mcp) as client:
+        tools = {t.name: t for t in await client.list_tools()}
+        assert tools["ingest_documents"].annotations.openWorldHint is True
+        result = await client.call_tool("ingest_documents", {"path": f"{site}/page.html", "collection": "web"})
+        refused = await client.call_tool("ingest_documents", {"path": "http://example.org/", "collection": "web"})
+    data = result.structured_content
+    assert (data["added"], data["failed"]) == (1, 0)
+    assert refused.structured_content["failed"] == 1 and "not allowed" in refused.structured_content["results"][0][
+        "reason"]
+    assert "Deploying the widget service" in result.content[0].text
