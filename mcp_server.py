@@ -4,9 +4,9 @@ Run it with `python mcp_server.py`, `python -m mcp_server` or `research-agent se
 This file lives in the checkout only: the package does not install it as a top-level module (that name belongs to
 the PyPI package `mcp-server`), so an installed research-agent-kb is started with `research-agent serve`.
 This file only does what must happen before anything else is imported (the sys.path filter, the early stdio
-claim that answers `initialize` while FastMCP loads) and re-exports the entry points. Stdout belongs to
-JSON-RPC: nothing prints, logs go to stderr, and heavy libraries (torch, chromadb) load after the handshake (a
-background warm-up) or on the first tool call that needs them.
+claim that answers `initialize` and the tool, prompt and resource lists while FastMCP loads) and re-exports the
+entry points. Stdout belongs to JSON-RPC: nothing prints, logs go to stderr, and heavy libraries (torch,
+chromadb) load after the handshake (a background warm-up) or on the first tool call that needs them.
 See docs/mcp.md for tools, transports, auth, resources, prompts, limits and error codes.
 """
 
@@ -28,7 +28,7 @@ except OSError:  # the working directory was deleted: '' then finds nothing
 if _cwd != _os.path.dirname(_os.path.realpath(__file__)):
     _sys.path[:] = [_p for _p in _sys.path if _p and _os.path.realpath(_p) != _cwd]
 
-if __name__ == "__main__":  # answer `initialize` while the imports below load (research_agent/mcp/stdio.py)
+if __name__ == "__main__":  # answer `initialize` and the lists while the imports below load (mcp/stdio.py)
     from research_agent.mcp.stdio import start_early
 
     start_early()

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.anyio
 #: client, not sent to the model (a tool definition for a model API has only name, description and schema).
 CONTEXT_MAX_BYTES = 14 * 1024
 #: Ceiling on the whole tools/list result, output schemas included (top-level fields only, so they stay small).
-TOOLS_LIST_MAX_BYTES = 24 * 1024
+#: 24 KB until issue 17 gave ingest_documents two more result shapes (web pages, records) and manage_documents
+#: numbered lines: 26.5 KB, of which 13.7 KB reaches a model.
+TOOLS_LIST_MAX_BYTES = 28 * 1024
 
 
 @pytest.fixture

@@ -40,13 +40,29 @@ def _public_names(module: str) -> list[str]:
     return [n for n in names if not n.startswith("_") and n != "log"]
 
 
+#: The public names of the old research_agent/ingest.py, as the package re-exported them at the split.
+OLD_INGEST_NAMES = {
+    "ChunkView", "DocumentChunks", "DocumentContent", "DocumentInfo", "DocumentList", "find_document",
+    "get_document", "get_document_chunks", "list_documents",
+    "PreparedDocument", "check_allowed", "check_size", "chunk_ids", "chunk_metadata", "chunk_parsed", "content_hash",
+    "document_key", "duplicate_id_warnings", "embedding_text", "iter_folder", "prepare_file", "source_name",
+    "version_ids",
+    "EMBED_BATCH_CHUNKS", "EMBED_SLICE_CHUNKS", "STALE_INTENT_SECONDS", "FileProblem", "IngestProgress",
+    "IngestReport", "ProgressFn", "delete_chunks", "delete_documents", "embed_in_slices", "ingest_path",
+    "prune_missing", "recover_if_needed", "recover_interrupted", "reindex_collection", "remove_document",
+    "write_documents",
+}
+
+
 @pytest.mark.parametrize("module", ["ingest.service", "ingest.prepare", "ingest.documents"])
 def test_ingest_package_reexports_what_the_old_module_offered(module):
     """`from research_agent import ingest; ingest.X` worked for every public X of the old ingest.py, which
     is now split over these three modules: each name is the same object through the package."""
     package = importlib.import_module("research_agent.ingest")
     source = importlib.import_module(f"research_agent.{module}")
-    names = _public_names(module)
+    # The old module's names are the package's __all__ (frozen at the split); names these modules gained later
+    # (line ranges, the overlapped pipeline) are imported from their module, not promised through the package.
+    names = [n for n in _public_names(module) if n in OLD_INGEST_NAMES]
     assert names, module
     missing = [n for n in names if getattr(package, n, None) is not getattr(source, n)]
     assert not missing, f"research_agent.ingest lacks {missing} of {module}"

@@ -17,7 +17,20 @@ import typer
 from typer._click.exceptions import UsageError
 from typer.core import TyperGroup
 
-from research_agent.cli import collections, discover, doctor, eval, kb, projects, query, serve, status
+from research_agent.cli import (
+    backup,
+    collections,
+    discover,
+    doctor,
+    eval,
+    kb,
+    projects,
+    query,
+    records,
+    serve,
+    status,
+    web,
+)
 from research_agent.cli.inputs import decode_args
 from research_agent.cli.state import CliState, get_state
 
@@ -241,6 +254,9 @@ def main(
 app.add_typer(collections.app, name="collections")
 app.add_typer(projects.app, name="projects")
 app.add_typer(kb.app, name="kb")
+# Commands of the kb group kept in their own modules (one concern each); `kb --help` lists them after kb.py's.
+kb.app.command("add-url")(web.add_url)
+kb.app.command("add-records")(records.add_records)
 app.command("query")(query.query)
 app.command("status")(status.status)
 app.command("discover")(discover.discover)
@@ -249,3 +265,5 @@ app.command("dependencies")(discover.dependencies)
 app.command("eval")(eval.eval_command)
 app.command("doctor")(doctor.doctor)
 app.command("serve")(serve.serve)
+app.command("export")(backup.export_command)
+app.command("import")(backup.import_command)

@@ -16,7 +16,7 @@ from fastmcp import FastMCP
 from research_agent import __version__
 from research_agent.config import Settings
 from research_agent.container import Container, build_container
-from research_agent.mcp import prompts, resources, stdio
+from research_agent.mcp import early, prompts, resources
 from research_agent.mcp.errors import ErrorMappingMiddleware
 from research_agent.mcp.lifespan import (
     HEALTH_CHECK_WAIT,
@@ -55,7 +55,7 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
             holder.pop("state", None)
             state.close()
 
-    server = FastMCP(stdio.SERVER_NAME, version=__version__, instructions=stdio.INSTRUCTIONS,
+    server = FastMCP(early.SERVER_NAME, version=__version__, instructions=early.INSTRUCTIONS,
                      lifespan=lifespan, middleware=[ErrorMappingMiddleware(), LifecycleMiddleware(holder)])
     for group in TOOL_GROUPS:
         group.register(server)

@@ -1,19 +1,22 @@
-"""The MCP stdio transport, with an `initialize` answered within milliseconds of spawn.
+"""The MCP stdio transport, with `initialize` and the lists answered within milliseconds of spawn.
 
-Importing FastMCP and the MCP SDK costs about a second on 2 cores (mostly pydantic models), and MCP
-clients wait for the `initialize` answer before anything else. So `start_early()`, called before those
-imports, claims the wire: it keeps private duplicates of stdin and stdout, points fds 0 and 1 at
-/dev/null and stderr (nothing a library prints can reach the wire), and a thread answers the client's
-`initialize` with the result the SDK would give (`initialize_result`). `serve()` then runs the FastMCP
-server on the claimed streams, replaying that first message to the SDK, so its session state and our
-middleware see the ordinary handshake, and dropping the SDK's duplicate answer (a difference between
-the two is logged; a test keeps them equal).
+Importing FastMCP, the MCP SDK and every tool's models costs 0.6-1.3 s on 2 cores (2-3 s under load), and
+MCP clients wait for the `initialize` answer, then list tools, before anything else. So `start_early()`,
+called before those imports, claims the wire: it keeps private duplicates of stdin and stdout, points fds 0
+and 1 at /dev/null and stderr (nothing a library prints can reach the wire), and a thread reads every line,
+answering the client's `initialize` with the result the SDK would give (`early.initialize_result`), then
+tools/list, prompts/list, resources/list and resources/templates/list from the SDK's own bytes, generated
+from the live server (research_agent/mcp/early.py). Everything else waits in order. `serve()` then runs the
+FastMCP server on the claimed streams, replaying every line to the SDK, so its session state and our
+middleware see the ordinary session, and dropping the SDK's duplicate answers: a difference is logged, and
+for a list a list_changed notification makes the client list again (a test keeps them equal).
 
 Two more duties of the wire: a line the SDK cannot parse as a JSON-RPC message is answered here (the SDK
 logs it and sends nothing, so a client waiting on that id would hang), and once the client closes stdin the
 process exits within STDIN_EOF_GRACE_SECONDS, whatever a tool call is still waiting for.
 
-Only the standard library is imported at module level: this runs before anything heavy.
+Only the standard library (and research_agent.mcp.early, which imports only it) is imported at module level:
+this runs before anything heavy.
 """
 
 from __future__ import annotations
@@ -22,49 +25,22 @@ import io
 import json
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from research_agent import __version__
+from research_agent.mcp.early import LIST_CHANGED, REGENERATE, early_response, stored_answers
 
 log = logging.getLogger("research_agent.mcp")
 
-SERVER_NAME = "research-agent"
-INSTRUCTIONS = """\
-research-agent is a local knowledge base of collections of chunked documents (Markdown, code, PDFs, research
-notes). Typical flow: manage_collections(action="list") to see what exists; query_knowledge_base to search;
-ingest_documents to add files; augment_knowledge to save research you found. Errors are JSON-RPC errors with
-data.type and data.guidance: -32602 invalid arguments, -32001 config, -32002 collection, -32003 document,
--32004 query, -32005 time limit exceeded."""
-
-#: The protocol revisions the pinned SDK (mcp 2.3.0) negotiates through `initialize`, oldest first; a client
-#: asking for another gets the newest (mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS).
-HANDSHAKE_PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 #: Seconds the process may take to wind down after the client closed stdin. Its answers can no longer be
 #: delivered; a tool call waiting for another process's write lock (RESEARCH_AGENT_LOCK_TIMEOUT, 60 s) kept
 #: it alive 143 s. A write cut short here is undone like a killed writer's (its intent record).
 STDIN_EOF_GRACE_SECONDS = 5.0
 PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
-#: What FastMCP 4.1.2 declares for this server (tools, resources and prompts registered; no subscriptions).
-CAPABILITIES = {"logging": {}, "prompts": {"listChanged": True},
-                "resources": {"subscribe": False, "listChanged": True}, "tools": {"listChanged": True}}
-
-
-def initialize_result(params: Any) -> dict[str, Any] | None:
-    """The SDK's result for these `initialize` params, or None unless they are plainly valid (then the SDK
-    answers, with its own validation errors)."""
-    if not isinstance(params, dict):
-        return None
-    version, client, capabilities = params.get("protocolVersion"), params.get("clientInfo"), params.get("capabilities")
-    if not (isinstance(version, str) and isinstance(capabilities, dict)
-            and all(isinstance(v, dict) for v in capabilities.values())
-            and isinstance(client, dict) and isinstance(client.get("name"), str)
-            and isinstance(client.get("version"), str)):
-        return None
-    return {"protocolVersion": version if version in HANDSHAKE_PROTOCOL_VERSIONS else HANDSHAKE_PROTOCOL_VERSIONS[-1],
-            "capabilities": CAPABILITIES, "serverInfo": {"name": SERVER_NAME, "version": __version__},
-            "instructions": INSTRUCTIONS}
+#: Lines read ahead while the server loads (then reading waits, as a full pipe would): a bound on memory.
+EARLY_QUEUE_LINES = 1024
 
 
 def drop_working_directory_from_path() -> None:
@@ -87,7 +63,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class Wire:
-    """The claimed stdin/stdout and the first message read from it (answered at once if `initialize`)."""
+    """The claimed stdin/stdout. A thread reads every line the client sends into `lines`, in order; until the
+    server starts reading (`received`), it answers a first `initialize` and then the lists of LIST_METHODS
+    from the snapshot (research_agent/mcp/early.py). `answered` keeps what it sent, by request id, so the SDK's
+    own answers to the replayed requests are checked and dropped (`_DedupStdout`)."""
 
     def __init__(self) -> None:
         self.in_fd = _dup_above_std(0)
@@ -97,37 +76,63 @@ class Wire:
         os.close(null)
         os.dup2(2, 1)
         self.reader = os.fdopen(self.in_fd, "rb", closefd=False)
-        self.first_line = b""
-        self.answered: dict[str, Any] | None = None  # the response sent for the first message, if any
+        self.lines: queue.Queue[bytes | None] = queue.Queue(maxsize=EARLY_QUEUE_LINES)
+        self.answered: dict[Any, tuple[str, dict[str, Any]]] = {}  # request id -> (method, response sent)
+        self._lists = stored_answers() or {}
+        self._version: str | None = None  # negotiated by an `initialize` answered here
+        self._lock = threading.Lock()
+        self._serving = False
         self._released = False
-        self._thread = threading.Thread(target=self._read_first, name="mcp-handshake", daemon=True)
+        self._thread = threading.Thread(target=self._read, name="mcp-handshake", daemon=True)
         self._thread.start()
 
-    def _read_first(self) -> None:
+    def _read(self) -> None:
         # No imports and no logging here: the main thread is importing at the same time.
-        self.first_line = self.reader.readline()
+        first = True
+        while not self._released:
+            line = self.reader.readline()
+            if not line:
+                break
+            with self._lock:
+                if not self._serving:
+                    self._answer_early(line, first)
+            first = False
+            self.lines.put(line)  # after any early answer is recorded in `answered`, so the SDK's is recognised
+        self.lines.put(None)
+
+    def _answer_early(self, line: bytes, first: bool) -> None:
         try:
-            message = json.loads(self.first_line)
+            message = json.loads(line)
         except (ValueError, RecursionError):  # the SDK's parser and `rejection` answer it
             return
-        if not (isinstance(message, dict) and message.get("jsonrpc") == "2.0"
-                and message.get("method") == "initialize" and type(message.get("id")) in (int, str)):
+        answer = early_response(message, first, self._version, self._lists)
+        if answer is None:
             return
-        result = initialize_result(message.get("params"))
-        if result is None or self._released:
-            return
-        response = {"jsonrpc": "2.0", "id": message["id"], "result": result}
-        _write_all(self.out_fd, (json.dumps(response, separators=(",", ":")) + "\n").encode())
-        self.answered = response
+        text, self._version = answer
+        _write_all(self.out_fd, (text + "\n").encode())
+        self.answered[message["id"]] = (message["method"], json.loads(text))
 
-    def first_message(self) -> str:
-        """Block until the first line has been read (and answered); '' if the client closed stdin first."""
-        self._thread.join()
-        return self.first_line.decode("utf-8", errors="replace")
+    async def received(self) -> Any:
+        """Every line the client sent, decoded, in order (those answered early too: the SDK must see the whole
+        session), until the client closes stdin. From the first read on, nothing more is answered early."""
+        import anyio
+
+        with self._lock:
+            self._serving = True
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                line = await anyio.to_thread.run_sync(self.lines.get, abandon_on_cancel=True)
+            if line is None:
+                return
+            yield line.decode("utf-8", errors="replace")
 
     def release(self) -> None:
-        """Give fds 0 and 1 back (the HTTP transport does not use them)."""
+        """Give fds 0 and 1 back (the HTTP transport does not use them); the reader stops after its next line."""
         self._released = True
+        with self._lock:
+            self._serving = True
         os.dup2(self.out_fd, 1)
         os.dup2(self.in_fd, 0)
 
@@ -301,9 +306,9 @@ def exit_after_grace(seconds: float = STDIN_EOF_GRACE_SECONDS) -> None:
 
 
 class _DedupStdout:
-    """The SDK's stdout, minus its answer to the `initialize` that the early thread already answered."""
+    """The SDK's stdout, minus its answers to the requests the early thread already answered (`Wire.answered`)."""
 
-    def __init__(self, out: Any, answered: dict[str, Any] | None) -> None:
+    def __init__(self, out: Any, answered: dict[Any, tuple[str, dict[str, Any]]]) -> None:
         import anyio
 
         self._out, self._answered = out, answered
@@ -315,19 +320,31 @@ class _DedupStdout:
             await self._out.flush()
 
     async def write(self, data: str) -> None:
-        if self._answered is not None:
-            try:
-                message = json.loads(data)
-            except ValueError:
-                message = None
-            if isinstance(message, dict) and message.get("id") == self._answered["id"] and "method" not in message:
-                sent, self._answered = self._answered, None
-                if message != sent:
-                    log.warning("early initialize answer differs from the SDK's: sent %s, SDK %s", sent, message)
-                return
+        if self._answered and await self._answered_early(data):
+            return
         async with self._lock:
             await self._out.write(data)
             await self._out.flush()
+
+    async def _answered_early(self, data: str) -> bool:
+        """Whether `data` is the SDK's answer to a request answered early (then it is dropped). A different
+        answer is logged; for a list, the client is told to list again, so it ends up with the SDK's."""
+        try:
+            message = json.loads(data)
+        except ValueError:
+            return False
+        if not (isinstance(message, dict) and "method" not in message and message.get("id") in self._answered):
+            return False
+        method, sent = self._answered.pop(message["id"])
+        if "error" in message:  # e.g. -32000 "Connection closed": the client left once it had the early answer
+            log.debug("the SDK answered the early-answered %s with an error: %.300s", method, message)
+        elif message != sent:
+            stale = f" (a stale snapshot: run {REGENERATE})" if method in LIST_CHANGED else ""
+            log.warning("early %s answer differs from the SDK's%s: sent %.300s, SDK %.300s", method, stale, sent,
+                        message)
+            if stale:
+                await self.send({"jsonrpc": "2.0", "method": LIST_CHANGED[method]})
+        return True
 
     async def flush(self) -> None:
         pass  # every write is flushed under the lock
@@ -353,13 +370,13 @@ async def _serve(server: Any, wire: Wire) -> None:
     try:
         # FastMCP.run_stdio_async (fastmcp 4.1.2) with our streams: it offers no parameter for them.
         async with server._lifespan_manager():
-            first = await anyio.to_thread.run_sync(wire.first_message, abandon_on_cancel=True)
-            if not first:
+            lines = wire.received()
+            first = await anext(lines, None)
+            if first is None:
                 return
             stdout = _DedupStdout(anyio.wrap_file(io.TextIOWrapper(os.fdopen(wire.out_fd, "wb", closefd=False),
                                                                    encoding="utf-8")), wire.answered)
-            stdin = _ReplayStdin(first, anyio.wrap_file(io.TextIOWrapper(wire.reader, encoding="utf-8",
-                                                                         errors="replace")),
+            stdin = _ReplayStdin(first, lines,
                                  validate=lambda line: mcp_types.jsonrpc_message_adapter.validate_json(
                                      line, by_name=False),
                                  reply=stdout.send, on_eof=exit_after_grace)
