@@ -199,6 +199,10 @@ def test_query_output_cites_path_line_of_the_hits_text(in_kb):
                                      cwd=in_kb["work"], env=env).stdout)["results"]
     file_lines = in_kb["path"].read_text().split("\n")
     assert [int(n) for _, n in cited] == [hit["metadata"]["line_start"] for hit in hits]
+    # --json (and MCP) carry the citation as fields of the hit, not only in its metadata.
+    assert all(hit["path"] == str(in_kb["path"].resolve()) for hit in hits), [hit["path"] for hit in hits]
+    assert all((hit["line_start"], hit["line_end"]) == (hit["metadata"]["line_start"], hit["metadata"]["line_end"])
+               for hit in hits)
     for (path, n), hit in zip(cited, hits):
         assert hit["content"].split("\n")[0].strip() in file_lines[int(n) - 1], (n, hit["content"][:80])
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 import typer
 
@@ -62,23 +61,12 @@ def query(
     context = _context(document_context, context_file)
     if text == "-":  # the query from a pipe or a here-document, as `kb add-research -` reads its content
         text = read_stdin().strip()
-    result, paths = state.read(_query_with_paths, text, not state.json, collections=split_names(collections),
-                               project=project, top_k=top_k, document_context=context, mode=mode,
-                               rerank=not no_rerank, filters=parse_filters(filter), max_tokens=max_tokens,
-                               snippets=snippets)
-    render.emit(state, result, functools.partial(render.query_result, paths=paths))
-
-
-def _query_with_paths(c: Any, text: str, with_paths: bool, **options: Any) -> tuple[Any, dict[Any, str | None]]:
-    """The query result and, for people, the file path of each hit's document (for `path:line`), in one read."""
-    from research_agent.ingest.documents import document_paths
     from research_agent.search.service import query_knowledge
 
-    result = query_knowledge(c, text, **options)
-    if not with_paths:
-        return result, {}
-    return result, document_paths(c, [(hit.metadata.get("collection", ""), hit.source_document)
-                                      for hit in result.results])
+    result = state.read(query_knowledge, text, collections=split_names(collections), project=project, top_k=top_k,
+                        document_context=context, mode=mode, rerank=not no_rerank, filters=parse_filters(filter),
+                        max_tokens=max_tokens, snippets=snippets)
+    render.emit(state, result, render.query_result)
 
 
 def _context(text: str | None, file: Path | None) -> str | None:

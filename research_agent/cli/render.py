@@ -259,18 +259,17 @@ def hit_location(hit: Any, path: str | None, cwd: Path | None = None) -> str:
     """Where a hit is, for an editor: `docs/guide.md:42` (its file relative to `cwd` when inside it, else
     absolute, and its first line); a research or note hit shows its document key (`kb get KEY:42` reads it);
     a PDF hit its page."""
-    meta = hit.metadata
     where = hit.source_document
     if path:
         cwd = cwd or Path.cwd().resolve()
         where = Path(path).relative_to(cwd).as_posix() if Path(path).is_relative_to(cwd) else path
-    line, page = meta.get("line_start"), meta.get("page")
+    line, page = hit.line_start, hit.page
     if isinstance(line, int):
         return f"{where}:{line}"
     return f"{where} (page {page})" if isinstance(page, int) else where
 
 
-def query_result(console: Console, r: Any, paths: dict[Any, str | None] | None = None) -> None:
+def query_result(console: Console, r: Any) -> None:
     warn(r.warnings)
     # No warning when reranking was turned off (--no-rerank, rerank: false): the user asked for it. A reranker
     # that was wanted but could not load arrives as one of r.warnings.
@@ -278,7 +277,7 @@ def query_result(console: Console, r: Any, paths: dict[Any, str | None] | None =
         console.print(f"No results in {escape(', '.join(r.collections))}.")
     cwd = Path.cwd().resolve()
     for rank, hit in enumerate(r.results, start=1):
-        path = (paths or {}).get((hit.metadata.get("collection", ""), hit.source_document))
+        path = hit.path
         console.print(f"[bold]{rank}.[/bold] [green]{hit.relevance_score:.3f}[/green] {escape(hit.relevance_label)}  "
                       f"[cyan]{escape(hit_location(hit, path, cwd))}[/cyan]"
                       + (f"  [dim]{escape(hit.header_path)}[/dim]" if hit.header_path else ""))

@@ -31,6 +31,12 @@ class QueryHit(BaseModel):
     source_document: str
     header_path: str
     metadata: dict[str, Any]
+    #: Where the hit is, for citations: the file of its document (None for research, notes, records and web
+    #: pages: their key is `source_document`), its 1-based inclusive lines in that file, its PDF page.
+    path: str | None = None
+    line_start: int | None = None
+    line_end: int | None = None
+    page: int | None = None
 
 
 class QueryResult(BaseModel):
@@ -172,8 +178,25 @@ def _hits(c: Container, query: str, pool: list[Candidate], scores: list[float], 
         hits.append(QueryHit(content=text, relevance_score=round(score, 4),
                              relevance_label=relevance_label(score, s),
                              source_document=meta.get("source_document", ""),
-                             header_path=meta.get("header_path", ""), metadata=meta))
+                             header_path=meta.get("header_path", ""), metadata=meta,
+                             **{k: meta[k] for k in ("line_start", "line_end", "page")
+                                if isinstance(meta.get(k), int)}))
+    _set_paths(c, hits)
     return hits, used_tokens, False
+
+
+def _set_paths(c: Container, hits: list[QueryHit]) -> None:
+    """Each hit's file path from its document's manifest (one registry read for the page of hits): chunk
+    metadata holds the document key, which for a folder ingest is relative to the folder, not to anything the
+    reader can open (issue 17: `path:line` citations)."""
+    from research_agent.storage.registry import document_key
+
+    keys = {document_key(h.metadata.get("collection", ""), h.source_document) for h in hits}
+    manifests = c.store.registry_get(list(keys)) if keys else {}
+    for hit in hits:
+        manifest = manifests.get(document_key(hit.metadata.get("collection", ""), hit.source_document)) or {}
+        path = manifest.get("path")
+        hit.path = path if isinstance(path, str) else None
 
 
 # -- the service -----------------------------------------------------------------------------------
