@@ -1,6 +1,14 @@
-"""Ingest benchmark: a folder of generated Markdown files, first ingest vs pure encode time, re-ingest, RSS.
+"""Ingest benchmark: a folder of generated Markdown files; ingest wall time against the pure encode time of
+exactly the chunks it stored (same process, same model, same batches), where the time goes, and peak RSS.
 
-Usage: .venv/bin/python benchmarks/ingest.py [--files 500] [--json]
+Usage:
+  .venv/bin/python benchmarks/ingest.py [--files 2600] [--repeats 1] [--sequential] [--json]
+  .venv/bin/python benchmarks/ingest.py --rss-files 600,2600     # peak RSS of `kb add-folder` at two sizes
+
+~3.9 chunks a file: 2,600 files are ~10k chunks. The stage times are busy seconds summed over threads (the
+overlapped pipeline runs parse, encode and write at once, so they add up to more than the wall time).
+`--sequential` runs the one-thread path (research_agent.ingest.service.OVERLAP = False) for comparison.
+The peak RSS of `kb add-folder` is each CLI process's own (os.wait4), measured in a fresh store per size.
 """
 
 from __future__ import annotations
@@ -9,13 +17,18 @@ import argparse
 import json
 import os
 import random
-import resource
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 WORDS = ("index chunk vector query embedding store collection project rerank header table code "
@@ -38,56 +51,176 @@ def make_corpus(root: Path, files: int, seed: int = 7) -> None:
         (sub / f"doc{i:04d}.md").write_text("".join(parts))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--files", type=int, default=500)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+class Stages:
+    """Busy seconds per stage, summed over threads, by wrapping the functions each stage calls."""
 
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self._lock = threading.Lock()
+
+    def wrap(self, owner: Any, name: str, stage: str) -> None:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self.seconds[stage] += time.perf_counter() - t
+
+        setattr(owner, name, timed)
+
+
+def instrument(c: Any) -> Stages:
+    from research_agent.ingest import folder, prepare, service
+    from research_agent.storage import store, writer
+
+    stages = Stages()
+    stages.wrap(folder, "walk_folder", "walk")
+    stages.wrap(folder, "read_regular_file", "read")
+    stages.wrap(folder, "parse_bytes", "parse")
+    stages.wrap(prepare, "chunk_parsed", "chunk (incl. token counts)")
+    stages.wrap(c.embedder, "count_tokens", "token counts")
+    stages.wrap(c.embedder, "embed_documents", "encode")
+    stages.wrap(writer, "commit", "commit (Chroma + registry)")
+    stages.wrap(store.Store, "registry_put", "registry writes")
+    stages.wrap(service, "_versions", "ids + metadata")
+    return stages
+
+
+class PeakRss:
+    """The largest VmRSS seen, sampled every 50 ms (ru_maxrss only ever grows, so it cannot show a phase)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def now() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, self.now())
+
+    def __enter__(self) -> PeakRss:
+        self.peak = self.now()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def stored_texts(c: Any, name: str) -> list[str]:
+    """What the ingest embedded, read back from the store in ingest order (document by document)."""
+    from research_agent.catalog.collections import open_collection
+    from research_agent.ingest import embedding_text
+
+    got = open_collection(c, name).get(include=["documents", "metadatas"])
+    rows = sorted(zip(got["metadatas"], got["documents"]),
+                  key=lambda r: (r[0]["source_document"], r[0]["chunk_sequence_id"]))
+    return [embedding_text(m, t) for m, t in rows]
+
+
+def encode_all(c: Any, texts: list[str]) -> None:
+    """Pure encode: the same model and batches as the ingest (EMBED_BATCH_CHUNKS, in slices of 32)."""
+    from research_agent.ingest import EMBED_BATCH_CHUNKS, embed_in_slices
+
+    for start in range(0, len(texts), EMBED_BATCH_CHUNKS):
+        embed_in_slices(c.embedder, texts[start:start + EMBED_BATCH_CHUNKS], lambda n: None)
+
+
+def in_process(args: argparse.Namespace) -> dict[str, Any]:
     from research_agent import ingest
     from research_agent.catalog import collections
     from research_agent.container import build_container
+    from research_agent.ingest import service
 
+    service.OVERLAP = not args.sequential
     work = Path(tempfile.mkdtemp(prefix="ra-bench-ingest-"))
     corpus = work / "corpus"
     make_corpus(corpus, args.files)
     c = build_container(store=str(work / "store"))
-    collections.create_collection(c, "bench")
-    c.embedder.embed_query("warm up")  # model load is not ingest time
-
-    t = time.perf_counter()
-    first = ingest.ingest_path(c, corpus, "bench", recursive=True)
-    first_s = time.perf_counter() - t
-
-    # Pure encode time of exactly the chunks just written, same process, same batch size.
-    from research_agent.ingest import embedding_text, prepare_file, source_name
-
-    texts = []
-    for f in sorted(corpus.rglob("*.md")):
-        doc = prepare_file(c, f, source_name(f, corpus))
-        texts += [
-            embedding_text({"document_title": doc.title, "header_path": ch.header_path}, ch.text) for ch in doc.chunks
-        ]
-    t = time.perf_counter()
-    for start in range(0, len(texts), 256):
-        c.embedder.embed_documents(texts[start:start + 256])
-    encode_s = time.perf_counter() - t
-
-    t = time.perf_counter()
-    again = ingest.ingest_path(c, corpus, "bench", recursive=True)
-    reingest_s = time.perf_counter() - t
+    c.embedder.embed_query("warm up")
+    c.embedder.embed_documents(["warm up"])  # documents go through torch, loaded on first use: not ingest time
+    stages = instrument(c)
+    ingest_s, encode_s, rss = [], [], []
+    for r in range(args.repeats):  # ingest and encode alternate, so both see the same load
+        name = f"bench{r}"
+        collections.create_collection(c, name)
+        with PeakRss() as peak:
+            seconds, first = timed(lambda: ingest.ingest_path(c, corpus, name, recursive=True))
+        ingest_s.append(seconds)
+        rss.append(peak.peak)
+        busy = dict(stages.seconds)
+        stages.seconds.clear()
+        texts = stored_texts(c, name)
+        assert len(texts) == first.chunks_written
+        encode_s.append(timed(lambda: encode_all(c, texts))[0])
+        stages.seconds.clear()
+        print(f"repeat {r}: ingest {ingest_s[-1]:.1f} s, encode {encode_s[-1]:.1f} s, peak RSS {rss[-1]} MB, "
+              f"load {os.getloadavg()[0]:.1f}, stages {dict((k, round(v, 1)) for k, v in busy.items())}",
+              file=sys.stderr, flush=True)
+    again_s, again = timed(lambda: ingest.ingest_path(c, corpus, "bench0", recursive=True))
     assert again.unchanged == args.files and again.chunks_written == 0
+    ingest_m, encode_m = statistics.median(ingest_s), statistics.median(encode_s)
+    return {"files": args.files, "chunks": first.chunks_written, "path": "sequential" if args.sequential
+            else "overlapped", "repeats": args.repeats, "ingest_s": round(ingest_m, 2), "encode_s": round(encode_m, 2),
+            "ingest_over_encode": round(ingest_m / encode_m, 3),
+            "ratios": [round(i / e, 3) for i, e in zip(ingest_s, encode_s)],
+            "stages_busy_s (last ingest)": {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])},
+            "reingest_s": round(again_s, 3), "peak_rss_during_ingest_mb": max(rss),
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    row = {"files": args.files, "chunks": first.chunks_written, "ingest_s": round(first_s, 2),
-           "encode_s": round(encode_s, 2), "ingest_over_encode": round(first_s / encode_s, 3),
-           "reingest_s": round(reingest_s, 3), "reingest_speedup": round(first_s / reingest_s, 1),
-           "peak_rss_mb": round(rss_mb)}
-    if args.json:
-        print(json.dumps(row))
-    else:
-        for k, v in row.items():
-            print(f"{k:>20}: {v}")
+
+def cli_rss(files: int) -> dict[str, Any]:
+    """Wall time and peak RSS of one `research-agent kb add-folder` process into a fresh store."""
+    work = Path(tempfile.mkdtemp(prefix="ra-bench-rss-"))
+    corpus = work / "corpus"
+    make_corpus(corpus, files)
+    env = {**os.environ, "RESEARCH_AGENT_STORE": str(work / "store"), "PYTHONPATH": str(ROOT)}
+    cli = [sys.executable, "-m", "research_agent"]
+    subprocess.run([*cli, "collections", "create", "bench"], env=env, check=True, capture_output=True)
+    started = time.perf_counter()
+    proc = subprocess.Popen([*cli, "--json", "kb", "add-folder", str(corpus), "--collection", "bench"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    out = proc.stdout.read() if proc.stdout else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    assert os.waitstatus_to_exitcode(status) == 0
+    report = json.loads(out)
+    return {"files": files, "chunks": report["chunks_written"], "folder_mb": round(
+        sum(f.stat().st_size for f in corpus.rglob("*.md")) / 2**20, 2), "wall_s": round(wall, 1),
+        "peak_rss_mb": usage.ru_maxrss // 1024, "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=2600)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--sequential", action="store_true")
+    ap.add_argument("--rss-files", help="comma-separated folder sizes (files) for `kb add-folder` peak RSS")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = ([cli_rss(int(n)) for n in args.rss_files.split(",")] if args.rss_files else [in_process(args)])
+    for row in rows:
+        if args.json:
+            print(json.dumps(row))
+        else:
+            for k, v in row.items():
+                print(f"{k:>28}: {v}")
+            print()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -105,15 +106,29 @@ class BertForward:
 
     def __init__(self, folder: Path) -> None:
         import numpy as np
-        from safetensors.numpy import load_file
 
         self._np = np
         cfg = _json(folder / "config.json")
         self.heads, self.eps = int(cfg["num_attention_heads"]), float(cfg["layer_norm_eps"])
         self.layers = int(cfg["num_hidden_layers"])
         self.max_positions = int(cfg.get("max_position_embeddings", 512))
-        self.w = {k.removeprefix("bert."): v for k, v in load_file(str(folder / "model.safetensors")).items()}
         self.dimension = int(cfg["hidden_size"])
+        self._weights_file = folder / "model.safetensors"
+        self._weights: dict[str, Any] | None = None
+        self._weights_lock = threading.Lock()
+
+    @property
+    def w(self) -> dict[str, Any]:
+        """The weights, read on first use: an ingest (`kb add-folder`) only counts tokens with this encoder and
+        embeds with torch, so it no longer holds a second 90 MB copy of all-MiniLM-L6-v2 (and its ~80 MB load
+        peak) that no query of that process reads."""
+        if self._weights is None:
+            with self._weights_lock:
+                if self._weights is None:
+                    from safetensors.numpy import load_file
+
+                    self._weights = {k.removeprefix("bert."): v for k, v in load_file(str(self._weights_file)).items()}
+        return self._weights
 
     def _hidden_limited(self, ids: Any, mask: Any, types: Any = None) -> Any:
         """`_hidden` on one BLAS thread for query-sized input: OpenBLAS's threads took 90-700 ms instead of

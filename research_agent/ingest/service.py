@@ -4,8 +4,14 @@ The write side's orchestration: write_documents (chunk ids, metadata and vectors
 storage/writer.py's protocol under the write lock), recovery before new work, ingest_path, prune_missing,
 remove_document and reindex_collection. Preparing a file is prepare.py; reading what was ingested is documents.py.
 
-Over 400 lines (~450): the report and progress models (~55 lines) stay with the four write paths that fill
-them (ingest, prune, remove, reindex); each path is a few short functions.
+Over 400 lines (~650): the report and progress models (~55 lines) stay with the four write paths that fill
+them (ingest, prune, remove, reindex); each path is a few short functions. A folder's read-embed-write pipeline
+(~200 lines: _Run, _inline, _overlapped and their two threads) is the ingest path's; it could move to its own
+module (ingest/pipeline.py) once the architecture map names it.
+
+A folder ingest overlaps its stages: a reader thread reads, parses and chunks the next files, an encoder thread
+embeds batch k+1 while the calling thread commits batch k (all Chroma calls stay in the calling thread), so the
+wall time approaches the pure encode time (benchmarks/ingest.py) with at most ~4 batches held in memory.
 
 The crash tests (tests/test_concurrency.py FAKE_CLI, RA_TEST_KILL_AT) replace the write steps by their names
 on this module (_write_intent, _clear_intent, _ensure_dimension, delete_chunks, delete_documents), so the
@@ -15,10 +21,15 @@ steps stay names here and reach storage/writer.py through `_steps()`, read at ea
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import logging
+import queue
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from pydantic import BaseModel
 
@@ -52,6 +63,18 @@ EMBED_BATCH_CHUNKS = 256
 #: of all-MiniLM-L6-v2 took 7-10 s on 2 busy CPU cores (load 7), and 96 chunks embedded in slices of 32 took
 #: 21.5/16.0 s against 16.3/18.7 s in one call: no cost beyond the noise. A candidate setting.
 EMBED_SLICE_CHUNKS = 32
+#: Read, parse and chunk a folder in one thread and embed in another while the calling thread commits the batch
+#: before (a candidate setting). False runs the same steps one after another in the calling thread: the path
+#: tests/test_ingest_pipeline.py compares against.
+OVERLAP = True
+#: Batches read ahead of the encoder, and batches embedded (or being embedded) ahead of their commit: with the
+#: one being read, at most 4 x EMBED_BATCH_CHUNKS chunks are held, whatever the folder's size (candidate settings).
+READ_AHEAD_BATCHES = 1
+ENCODED_AHEAD = 2
+#: Seconds the threads of an ingest that ended early (an error, Ctrl-C, a cancelled call) are waited for: the
+#: encoder stops after its current slice, a few seconds, so the process never exits while torch runs in a thread.
+THREAD_JOIN_SECONDS = 30.0
+_POLL_SECONDS = 0.2  # how often a waiting thread looks at the stop flag
 
 
 class IngestProgress(BaseModel):
@@ -129,16 +152,8 @@ def embed_in_slices(embedder: Any, texts: list[str], embedded: Callable[[int], N
     return vectors
 
 
-def write_documents(c: Container, collection: str, docs: list[PreparedDocument],
-                    embedded: Callable[[int, int], None] | None = None) -> int:
-    """Embed and write documents; each becomes visible at once when its manifest flips.
-
-    `embedded(done, total)` reports the chunks of this call embedded so far: once before the first slice (the
-    model may still be loading) and after each slice. Nothing is written until all are embedded, so an
-    exception raised by it (a cancelled MCP call) leaves the collection as it was."""
-    if not docs:
-        return 0
-    open_collection(c, collection)
+def _versions(collection: str, docs: list[PreparedDocument]) -> writer.Versions:
+    """What one write of `docs` commits, except the vectors: chunk ids, texts, metadata and manifests."""
     new = writer.Versions()
     for doc in docs:
         for seq, (cid, chunk) in enumerate(zip(chunk_ids(collection, doc.document, doc.content_hash, len(doc.chunks)),
@@ -150,16 +165,39 @@ def write_documents(c: Container, collection: str, docs: list[PreparedDocument],
             "document": doc.document, "title": doc.title, "kind": doc.kind, "source": doc.source, "path": doc.path,
             "content_hash": doc.content_hash, "chunk_count": len(doc.chunks), "collection": collection,
             "extra": doc.extra}
-    tell = embedded or (lambda done, total: None)
+    return new
+
+
+def _embed(embedder: Any, new: writer.Versions, tell: Callable[[int, int], None]) -> None:
+    """Fill `new.vectors`, telling `tell(done, total)` once before the first slice and after each one."""
     tell(0, len(new.ids))
-    embedder = c.embedder
     new.vectors = embed_in_slices(embedder, [embedding_text(m, t) for m, t in zip(new.metas, new.texts)],
                                   lambda done: tell(done, len(new.ids)))
+
+
+def _commit(c: Container, collection: str, new: writer.Versions, dimension: int) -> int:
+    """One write through storage/writer.py's protocol, under the write lock, after recovering dead writers."""
     with c.store.write_lock():
         col = open_collection(c, collection)
         recover_interrupted(c, collection, col)
-        writer.commit(c.store, col, collection, new, dimension=embedder.dimension, now=now_iso, steps=_steps())
+        writer.commit(c.store, col, collection, new, dimension=dimension, now=now_iso, steps=_steps())
     return len(new.ids)
+
+
+def write_documents(c: Container, collection: str, docs: list[PreparedDocument],
+                    embedded: Callable[[int, int], None] | None = None) -> int:
+    """Embed and write documents; each becomes visible at once when its manifest flips.
+
+    `embedded(done, total)` reports the chunks of this call embedded so far: once before the first slice (the
+    model may still be loading) and after each slice. Nothing is written until all are embedded, so an
+    exception raised by it (a cancelled MCP call) leaves the collection as it was."""
+    if not docs:
+        return 0
+    open_collection(c, collection)
+    new = _versions(collection, docs)
+    embedder = c.embedder
+    _embed(embedder, new, embedded or (lambda done, total: None))
+    return _commit(c, collection, new, embedder.dimension)
 
 
 def recover_interrupted(c: Container, collection: str, col: Any, *, min_age: float | None = None) -> int:
@@ -318,77 +356,275 @@ def _plan(c: Container, target: Path, collection: str, existing: dict[str, dict[
 def _read_and_write(c: Container, collection: str, files: list[tuple[Path, str]], existing: dict[str, dict[str, Any]],
                     report: IngestReport, *, title: str | None, single: bool, problem: Callable[..., None],
                     notify: ProgressFn) -> None:
-    """Read, parse and write each file in batches of about EMBED_BATCH_CHUNKS chunks; problems go to `problem`."""
-    pending: list[PreparedDocument] = []
-    total = done = committed = 0  # committed: files finished as of the last batch written
-
-    def embedded(chunks: int, batch_chunks: int) -> None:
-        share = chunks / batch_chunks if batch_chunks else 1.0
-        notify(IngestProgress(stage="embedding", files_done=committed, files_total=len(files),
-                              chunks_done=report.chunks_written + chunks, chunks_total=total,
-                              files_progress=committed + (done - committed) * share))
-
-    def flush() -> None:
-        nonlocal committed
-        if pending:
-            report.chunks_written += write_documents(c, collection, pending, embedded)
-            pending.clear()
-            committed = done
-            notify(IngestProgress(stage="writing", files_done=done, files_total=len(files),
-                                  chunks_done=report.chunks_written, chunks_total=total, files_progress=done))
-
-    for done, (file, document) in enumerate(files, start=1):
-        notify(IngestProgress(stage="reading", files_done=done - 1, files_total=len(files),
-                              chunks_done=report.chunks_written, chunks_total=total, current=document,
-                              files_progress=committed))
-        doc = _read_one(c, file, document, existing.get(document_key(collection, document)), report,
-                        title=title, single=single, problem=problem)
-        if doc is None:
-            continue
-        report.updated += document_key(collection, document) in existing
-        report.added += document_key(collection, document) not in existing
-        report.documents.append(document)
-        pending.append(doc)
-        total += len(doc.chunks)
-        if sum(len(d.chunks) for d in pending) >= EMBED_BATCH_CHUNKS:
-            flush()
-    flush()
-    notify(IngestProgress(stage="done", files_done=len(files), files_total=len(files),
-                          chunks_done=report.chunks_written, chunks_total=total, files_progress=len(files)))
+    """Read, parse, embed and write each file in batches of about EMBED_BATCH_CHUNKS chunks, overlapped (see
+    _overlapped) for a folder; problems go to `problem`. Reports and commits follow the file order either way."""
+    embedder = c.embedder  # loaded here, once, before any thread asks for it
+    run = _Run(c, collection, len(files), existing, report, single=single, problem=problem, notify=notify,
+               dimension=embedder.dimension)
+    batches = _batched(c, collection, files, existing, title)
+    (_inline if single or not OVERLAP else _overlapped)(run, batches, functools.partial(_encode_batch, embedder))
+    run.progress("done", files_done=len(files), files_progress=len(files))
 
 
-def _read_one(c: Container, file: Path, document: str, prev: dict[str, Any] | None, report: IngestReport, *,
-              title: str | None, single: bool, problem: Callable[..., None]) -> PreparedDocument | None:
-    """The prepared document, or None (unchanged, or a problem reported through `problem`)."""
+@dataclass
+class _Problem:
+    """Why one file was not used: `failed` (report.failed, else skipped), `drop` (its old version goes)."""
+
+    reason: str
+    failed: bool
+    drop: bool
+    error: DocumentError
+
+
+@dataclass
+class _Batch:
+    """Whole documents of about EMBED_BATCH_CHUNKS chunks, written in one commit."""
+
+    new: writer.Versions
+    files_done: int  # files finished once it is committed: up to the one that filled it (all, for the last)
+
+
+_UNCHANGED = "unchanged"
+_END = ("end",)
+
+
+class _Stopped(Exception):
+    """The run ended early (an error, Ctrl-C, a cancelled call): the embedding thread stops after its slice."""
+
+
+def _prepare_one(c: Container, file: Path, document: str, prev: dict[str, Any] | None,
+                 title: str | None) -> PreparedDocument | _Problem | str:
+    """One file read and prepared: its document, _UNCHANGED, or the _Problem that keeps it out. Errors of the
+    model or the store (ResearchAgentError other than DocumentError) propagate: the whole run stops."""
     try:
         raw = folder.read_regular_file(file, check_size(c, file))
         if prev and prev["content_hash"] == content_hash(raw + (title or "").encode()):
-            report.unchanged += 1
-            return None
+            return _UNCHANGED
         doc = prepare_file(c, file, document, title=title, raw=raw)
         if not doc.chunks:
             raise DocumentError("no text content", guidance="Add text to the file or exclude it.")
-        report.warnings.extend(FileProblem(path=document, reason=w) for w in doc.warnings)
         return doc
     except OSError as exc:
-        reason, failed, drop = f"unreadable: {exc.strerror or exc}", True, False
         error = DocumentError(f"Cannot read {document}: {exc.strerror or exc}", path=document)
+        return _Problem(f"unreadable: {exc.strerror or exc}", failed=True, drop=False, error=error)
     except DocumentError as exc:
-        reason, failed, drop, error = exc.message, False, True, exc
-    except ResearchAgentError:  # the model or the store, not this file: the whole run stops with its code
+        return _Problem(exc.message, failed=False, drop=True, error=exc)
+    except ResearchAgentError:
         raise
     except Exception as exc:  # a parser bug or a pathological file (deep HTML): that file fails, not the run
         log.exception("ingesting %s failed", document)
-        reason, failed, drop = f"{type(exc).__name__}: {str(exc)[:200]}", True, True
-        error = DocumentError(f"Cannot ingest {document}: {reason}", path=document)
-    problem(document, reason, failed=failed, drop=drop)
-    if single and drop and prev:  # add-document: drop the stale old version (see ingest_path), then raise
-        delete_documents(c, report.collection, {document_key(report.collection, document): prev})
-        raise DocumentError(f"{error.message}; its previous version was removed from {report.collection!r}",
-                            **error.data) from None
-    if single:
-        raise error from None
+        reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return _Problem(reason, failed=True, drop=True,
+                        error=DocumentError(f"Cannot ingest {document}: {reason}", path=document))
+
+
+def _batched(c: Container, collection: str, files: list[tuple[Path, str]], existing: dict[str, dict[str, Any]],
+             title: str | None) -> Iterator[tuple[Any, ...]]:
+    """("file", n, document, outcome) for each file in order, and ("batch", _Batch) each time the documents
+    read since the last batch reach EMBED_BATCH_CHUNKS chunks, and once at the end for the rest."""
+    docs: list[PreparedDocument] = []
+    for index, (file, document) in enumerate(files, start=1):
+        outcome = _prepare_one(c, file, document, existing.get(document_key(collection, document)), title)
+        yield ("file", index, document, outcome)
+        if isinstance(outcome, PreparedDocument):
+            docs.append(outcome)
+            if sum(len(d.chunks) for d in docs) >= EMBED_BATCH_CHUNKS:
+                yield ("batch", _Batch(_versions(collection, docs), index))
+                docs = []
+    if docs:
+        yield ("batch", _Batch(_versions(collection, docs), len(files)))
+
+
+def _encode_batch(embedder: Any, batch: _Batch, post: Callable[[tuple[Any, ...]], None],
+                  stop: threading.Event | None = None) -> None:
+    """Embed one batch: ("slice", batch, chunks) before the first slice and after each, then ("encoded", batch)."""
+    def tell(done: int, total: int) -> None:
+        if stop is not None and stop.is_set():
+            raise _Stopped
+        post(("slice", batch, done))
+
+    _embed(embedder, batch.new, tell)
+    post(("encoded", batch))
+
+
+class _Run:
+    """The calling thread's side of an ingest: the report, the progress events and the commits (Chroma is used
+    from this thread only: the store's exclusive use belongs to a thread, locks.py), in file order."""
+
+    def __init__(self, c: Container, collection: str, files_total: int, existing: dict[str, dict[str, Any]],
+                 report: IngestReport, *, single: bool, problem: Callable[..., None], notify: ProgressFn,
+                 dimension: int) -> None:
+        self.c, self.collection, self.files_total = c, collection, files_total
+        self.existing, self.report = existing, report
+        self.single, self.problem, self.notify, self.dimension = single, problem, notify, dimension
+        self.total = 0  # chunks read so far
+        self.committed = 0  # files finished as of the last commit
+        self.written: Callable[[], None] = lambda: None  # told after each commit (the overlapped path's room)
+
+    def progress(self, stage: str, **fields: Any) -> None:
+        self.notify(IngestProgress(stage=stage, files_total=self.files_total, chunks_done=fields.pop(
+            "chunks_done", self.report.chunks_written), chunks_total=self.total, **fields))
+
+    def handle(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == "file":
+            self._file(*event[1:])
+        elif kind == "slice":
+            batch, done = event[1:]
+            share = done / len(batch.new.ids) if batch.new.ids else 1.0
+            self.progress("embedding", files_done=self.committed, chunks_done=self.report.chunks_written + done,
+                          files_progress=self.committed + (batch.files_done - self.committed) * share)
+        elif kind == "encoded":
+            self.report.chunks_written += _commit(self.c, self.collection, event[1].new, self.dimension)
+            self.committed = event[1].files_done
+            self.written()
+            _return_freed_memory()
+            self.progress("writing", files_done=self.committed, files_progress=self.committed)
+        elif kind == "raise":
+            raise event[1]
+
+    def _file(self, index: int, document: str, outcome: PreparedDocument | _Problem | str) -> None:
+        self.progress("reading", files_done=index - 1, current=document, files_progress=self.committed)
+        key = document_key(self.collection, document)
+        if outcome == _UNCHANGED:
+            self.report.unchanged += 1
+        elif isinstance(outcome, _Problem):
+            self._problem(document, self.existing.get(key), outcome)
+        else:
+            self.report.warnings.extend(FileProblem(path=document, reason=w) for w in outcome.warnings)
+            self.report.updated += key in self.existing
+            self.report.added += key not in self.existing
+            self.report.documents.append(document)
+            self.total += len(outcome.chunks)
+
+    def _problem(self, document: str, prev: dict[str, Any] | None, p: _Problem) -> None:
+        self.problem(document, p.reason, failed=p.failed, drop=p.drop)
+        if self.single and p.drop and prev:  # add-document: drop the stale old version (see ingest_path), then raise
+            delete_documents(self.c, self.collection, {document_key(self.collection, document): prev})
+            raise DocumentError(f"{p.error.message}; its previous version was removed from {self.collection!r}",
+                                **p.error.data) from None
+        if self.single:
+            raise p.error from None
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap memory freed by the last batch back to the OS (glibc's malloc_trim; a no-op elsewhere).
+
+    Why: torch's activations for batches of different lengths leave freed but fragmented heap in glibc's
+    per-thread arenas, so the resident size crept up with every batch: 24 slices of 32 chunks of 20-200 words
+    went 655 -> 759 MB resident without, and stayed at 612 MB with a trim after each (a few ms each)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (AttributeError, OSError):  # not glibc (macOS, musl, Windows)
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
+Encode = Callable[..., None]
+
+
+def _inline(run: _Run, events: Iterator[tuple[Any, ...]], encode: Encode) -> None:
+    """Every step in the calling thread, one after another (a single file; OVERLAP off)."""
+    for event in events:
+        if event[0] == "batch":
+            encode(event[1], run.handle)
+        else:
+            run.handle(event)
+
+
+def _overlapped(run: _Run, events: Iterator[tuple[Any, ...]], encode: Encode) -> None:
+    """Reading and parsing (a thread) and embedding (another) overlap with the commits here, so a folder ingests
+    in about the time of its embedding (benchmarks/ingest.py). Memory is bounded whatever the folder's size: the
+    reader waits while READ_AHEAD_BATCHES batches wait for the encoder, and the encoder while ENCODED_AHEAD
+    batches wait for their commit. An error, Ctrl-C or a cancelled call here stops both threads: a batch is
+    committed whole or not at all, so whole documents are left, as in the one-thread path."""
+    queued: queue.Queue[Any] = queue.Queue(maxsize=READ_AHEAD_BATCHES)
+    posted: queue.Queue[tuple[Any, ...]] = queue.Queue()  # bounded by the two waits above
+    room = threading.Semaphore(ENCODED_AHEAD)
+    stop = threading.Event()
+    run.written = room.release
+    threads = [threading.Thread(target=_reader, args=(events, queued, posted, stop), name="ingest-reader", daemon=True),
+               threading.Thread(target=_encoder, args=(encode, queued, posted, room, stop), name="ingest-encoder",
+                                daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        while (event := _next(posted, threads)) is not _END:
+            run.handle(event)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(THREAD_JOIN_SECONDS)
+
+
+def _reader(events: Iterator[tuple[Any, ...]], queued: queue.Queue[Any], posted: queue.Queue[tuple[Any, ...]],
+            stop: threading.Event) -> None:
+    """Thread: file events go straight to the calling thread; batches, and an error ending the reading, go
+    through the encoder, so they reach the calling thread after every batch read before them."""
+    try:
+        for event in events:
+            if stop.is_set():
+                return
+            if event[0] == "batch":
+                _put(queued, event[1], stop)
+            else:
+                posted.put(event)
+    except BaseException as exc:  # noqa: BLE001 - handed to the calling thread, which raises it
+        _put(queued, exc, stop)
+    finally:
+        _put(queued, None, stop)
+
+
+def _encoder(encode: Encode, queued: queue.Queue[Any], posted: queue.Queue[tuple[Any, ...]],
+             room: threading.Semaphore, stop: threading.Event) -> None:
+    """Thread: embed each batch in order, after the commit of the one ENCODED_AHEAD before it; always ends _END."""
+    try:
+        while (item := _get(queued, stop)) is not None:
+            if isinstance(item, BaseException):
+                posted.put(("raise", item))
+                return
+            while not room.acquire(timeout=_POLL_SECONDS):
+                if stop.is_set():
+                    return
+            encode(item, posted.put, stop)
+    except _Stopped:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - the model failed: handed to the calling thread
+        posted.put(("raise", exc))
+    finally:
+        posted.put(_END)
+
+
+def _put(q: queue.Queue[Any], item: Any, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=_POLL_SECONDS)
+            return
+        except queue.Full:
+            continue
+
+
+def _get(q: queue.Queue[Any], stop: threading.Event) -> Any:
+    while not stop.is_set():
+        try:
+            return q.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            continue
     return None
+
+
+def _next(posted: queue.Queue[tuple[Any, ...]], threads: list[threading.Thread]) -> tuple[Any, ...]:
+    """The next event; a RuntimeError instead of a hang should both threads have ended without saying so."""
+    while True:
+        try:
+            return posted.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            if not any(t.is_alive() for t in threads) and posted.empty():
+                raise RuntimeError("the ingest threads ended without finishing") from None
 
 
 def remove_document(c: Container, collection: str, document: str) -> Deleted:
