@@ -238,3 +238,65 @@ def test_only_plain_list_requests_are_answered_early(params, early_answer):
     message = _request(1, "tools/list", params)
     assert plain_list_request(message) is early_answer
     assert plain_list_request({**message, "method": "tools/call"}) is False
+
+
+def _lines_when(s: _McpStdioSession, done: Any) -> list[dict[str, Any]]:
+    """The messages on stdout once `done(messages)` holds (bounded against a hang, not a timing goal)."""
+    deadline = time.monotonic() + 120
+    while True:
+        messages = [json.loads(line) for line in list(s.lines)]
+        if done(messages):
+            return messages
+        assert time.monotonic() < deadline and s.proc.poll() is None, (messages, s.stderr()[-2000:])
+        time.sleep(0.05)
+
+
+def test_a_lone_surrogate_id_does_not_kill_the_front(tmp_path):
+    """Outside tester (A4): `"id":"\\ud800"` on tools/list before the server was ready raised in the early
+    thread, which died: nothing after it was answered and closing stdin did not end the process. Now the SDK
+    answers that line (-32600), and the requests after it are answered."""
+    s = _session(tmp_path)
+    try:
+        raw = (json.dumps(_request(1, "initialize", HELLO)) + "\n"
+               + '{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+               + '{"jsonrpc":"2.0","id":"\\ud800","method":"tools/list"}\n'
+               + json.dumps(_request(3, "ping")) + "\n" + json.dumps(_request(4, "tools/list")) + "\n")
+        s.proc.stdin.write(raw.encode())
+        s.proc.stdin.flush()
+        messages = _lines_when(s, lambda ms: {3, 4} <= {m.get("id") for m in ms})
+        assert next(m for m in messages if m.get("id") == 4)["result"]["tools"]
+        assert s.close() == 0
+    finally:
+        _stop(s)
+
+
+def test_a_reused_id_is_answered_once_per_request_and_no_false_staleness(tmp_path):
+    """Outside tester (A4): initialize id 1 then tools/list id 1 twice gave five answers with id 1 and a
+    list_changed notification (the SDK's initialize answer was compared with an early tools/list answer)."""
+    s = _session(tmp_path)
+    try:
+        _send_all(s, [_request(1, "initialize", HELLO), {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                      _request(1, "tools/list"), _request(1, "tools/list"), _request(9, "ping")])
+        messages = _lines_when(s, lambda ms: any(m.get("id") == 9 for m in ms))
+        time.sleep(1.0)  # anything still to come for id 1 would come right after the server's own answers
+        messages = [json.loads(line) for line in list(s.lines)]
+        assert sum(m.get("id") == 1 for m in messages) == 3, messages
+        assert not [m for m in messages if str(m.get("method", "")).endswith("list_changed")], messages
+    finally:
+        _stop(s)
+
+
+def test_a_line_the_sdk_cannot_parse_is_not_answered_early(tmp_path):
+    """Outside tester (A4): an initialize line starting with a byte-order mark got a success answer from the
+    front and a -32700 from the SDK for the same line. Now only the SDK answers it."""
+    s = _session(tmp_path)
+    try:
+        s.proc.stdin.write(b"\xef\xbb\xbf" + json.dumps(_request(1, "initialize", HELLO)).encode() + b"\n"
+                           + json.dumps(_request(2, "ping")).encode() + b"\n")
+        s.proc.stdin.flush()
+        messages = _lines_when(s, lambda ms: len(ms) >= 2)
+        time.sleep(0.5)
+        messages = [json.loads(line) for line in list(s.lines)]
+        assert not [m for m in messages if m.get("id") == 1 and "result" in m], messages
+    finally:
+        _stop(s)

@@ -93,6 +93,11 @@ def early_response(message: Any, first: bool, version: str | None,
             and type(message.get("id")) in (int, str) and message.keys() <= _REQUEST_KEYS):
         return None
     request_id = message["id"]
+    if isinstance(request_id, str) and not request_id.isascii():
+        try:
+            request_id.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: the SDK answers it (-32600)
+            return None
     if first and message.get("method") == "initialize":
         result = initialize_result(message.get("params"))
         if result is None:

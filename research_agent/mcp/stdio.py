@@ -95,16 +95,23 @@ class Wire:
                 break
             with self._lock:
                 if not self._serving:
-                    self._answer_early(line, first)
-            first = False
+                    try:
+                        self._answer_early(line, first)
+                    except Exception:  # noqa: BLE001 - this thread must live: it feeds the SDK every line
+                        pass  # the SDK answers the line instead (a lone-surrogate id once killed this thread)
+            first = first and not line.strip()  # a blank line before initialize is no message
             self.lines.put(line)  # after any early answer is recorded in `answered`, so the SDK's is recognised
         self.lines.put(None)
 
     def _answer_early(self, line: bytes, first: bool) -> None:
+        if line.startswith(b"\xef\xbb\xbf"):  # json.loads takes a BOM, the SDK does not: it answers the line
+            return
         try:
             message = json.loads(line)
         except (ValueError, RecursionError):  # the SDK's parser and `rejection` answer it
             return
+        if isinstance(message, dict) and message.get("id") in self.answered:
+            return  # a reused id: the SDK answers each request once, and its answers are matched by id
         answer = early_response(message, first, self._version, self._lists)
         if answer is None:
             return
