@@ -354,3 +354,37 @@ def test_cli_export_piped_into_import_with_the_real_model(container, docs_folder
     refused = subprocess.run([*_cli(), "--json", "import", str(tmp_path / "missing.jsonl")], env=env,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 5 and json.loads(refused.stderr)["error"]["type"] == "DocumentError"
+
+
+def test_records_and_web_pages_round_trip_and_a_failed_import_leaves_no_collection(container, fake_embedder,
+                                                                                   tmp_path):
+    """Outside tester (A4): a collection holding records (kind `record`) or web pages (kind `web`) exported to
+    a file that import refused ("kind: Input should be 'document', 'research' or 'note'"), and each refused
+    import left an empty collection behind."""
+    from research_agent.ingest.parsing import parse_text
+    from research_agent.ingest.prepare import PreparedDocument, chunk_parsed
+    from research_agent.ingest.records import RecordFields, ingest_records
+    from research_agent.ingest.service import write_documents
+
+    c = container
+    create_collection(c, "mixed")
+    records = tmp_path / "tools.jsonl"
+    records.write_text('{"id": "t1", "text": "Track a parcel by its number."}\n'
+                       '{"id": "t2", "text": "Convert an address into coordinates."}\n', encoding="utf-8")
+    ingest_records(c, records, "mixed", RecordFields(id="id", text=("text",)))
+    page = "# Deploying\n\nBuild the image, push it, roll out."
+    write_documents(c, "mixed", [PreparedDocument(
+        document="url:http://127.0.0.1/deploy", title="Deploying", kind="web", source="http://127.0.0.1/deploy",
+        content_hash="h1", chunks=chunk_parsed(c, parse_text(page, format="markdown", name="Deploying"),
+                                                "url:http://127.0.0.1/deploy", "Deploying"))])
+    exported = export_collection(c, "mixed", tmp_path / "mixed.jsonl")
+    restored = import_collection(c, tmp_path / "mixed.jsonl", collection="mixed-copy")
+    assert (restored.added, restored.chunks) == (exported.documents, exported.chunks) == (3, exported.chunks)
+    kinds = sorted(line["document"]["kind"] for line in _lines(tmp_path / "mixed.jsonl") if "document" in line)
+    assert kinds == ["record", "record", "web"]
+
+    bad = _lines(tmp_path / "mixed.jsonl")
+    bad[1]["document"]["kind"] = "nonsense"
+    with pytest.raises(DocumentError, match="Line 2"):
+        import_collection(c, _write(tmp_path / "bad.jsonl", bad), collection="never-made")
+    assert not c.store.has_collection("never-made")

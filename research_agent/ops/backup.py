@@ -41,7 +41,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from research_agent.catalog import projects
-from research_agent.catalog.collections import create_collection, now_iso, open_collection
+from research_agent.catalog.collections import create_collection, delete_collection, now_iso, open_collection
 from research_agent.errors import DocumentError, ResearchAgentError
 from research_agent.ingest import folder, service
 from research_agent.ingest.prepare import check_allowed, chunk_ids, document_key, embedding_text
@@ -129,7 +129,7 @@ class _Header(_Strict):
 class _Manifest(_Strict):
     document: str
     title: str
-    kind: Literal["document", "research", "note"]
+    kind: Literal["document", "research", "note", "record", "web"]  # every kind ingest writes
     source: str
     path: str | None = None
     content_hash: str
@@ -348,6 +348,10 @@ def import_collection(c: Container, source: str | Path | IO[bytes], *, collectio
             _read_documents(job, lines)
         except DocumentError:
             _flush(job)  # the whole documents before the bad line: a re-run with a good copy finishes the rest
+            if job.report.created and not (job.report.added or job.report.replaced):
+                # Nothing restored into a collection this import created: an empty collection left behind made
+                # the next run import into it (found by an outside tester: docs2, web2, docs3 with 0 documents).
+                delete_collection(c, job.target)
             raise
         finally:
             job.report.bytes = lines.bytes
