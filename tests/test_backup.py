@@ -388,3 +388,38 @@ def test_records_and_web_pages_round_trip_and_a_failed_import_leaves_no_collecti
     with pytest.raises(DocumentError, match="Line 2"):
         import_collection(c, _write(tmp_path / "bad.jsonl", bad), collection="never-made")
     assert not c.store.has_collection("never-made")
+
+
+def test_forged_dimensions_deep_nesting_and_metadata_chroma_refuses_are_line_errors(container, fake_embedder,
+                                                                                    tmp_path):
+    """Outside tester (A2): a header claiming dimension 10 with 10-value vectors was imported and the
+    collection could not be queried (InvalidArgumentError); 200k nested brackets and chunk metadata Chroma
+    refuses (an empty or `$` key, a list mixing types) ended in "Unexpected failure" instead of a line error."""
+    c = container
+    create_collection(c, "src1")
+    add_note(c, "src1", "The cache TTL is five minutes.", title="Cache TTL")
+    export_collection(c, "src1", tmp_path / "v.jsonl", with_embeddings=True)
+    forged = _lines(tmp_path / "v.jsonl")
+    forged[0]["embedding"]["dimension"] = 10
+    for line in forged:
+        if "chunk" in line:
+            line["chunk"]["embedding"] = line["chunk"]["embedding"][:10]
+    report = import_collection(c, _write(tmp_path / "forged.jsonl", forged), collection="forged1")
+    assert not report.with_embeddings  # re-embedded with the real model
+    from research_agent.search.service import query_knowledge
+
+    assert query_knowledge(c, "cache TTL", collections=["forged1"], rerank=False).results
+
+    good = _lines(tmp_path / "v.jsonl")
+    chunk_line = next(i for i, line in enumerate(good) if "chunk" in line)
+    for bad_meta in ({"": 1}, {"$and": 1}, {"tags": ["a", 1]}):
+        bad = [dict(line) for line in good]
+        bad[chunk_line] = {"chunk": {**good[chunk_line]["chunk"], "metadata": {**good[chunk_line]["chunk"][
+            "metadata"], **bad_meta}}}
+        with pytest.raises(DocumentError, match=f"Line {chunk_line + 1}"):
+            import_collection(c, _write(tmp_path / "meta.jsonl", bad), collection="meta1")
+    nested = tmp_path / "nested.jsonl"
+    nested.write_text(json.dumps(good[0]) + "\n" + "[" * 200_000 + "\n", encoding="utf-8")
+    with pytest.raises(DocumentError, match="Line 2"):
+        import_collection(c, nested, collection="nested1")
+    assert not any(c.store.has_collection(n) for n in ("meta1", "nested1"))

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from research_agent.catalog import projects
 from research_agent.catalog.collections import create_collection, delete_collection, now_iso, open_collection
@@ -145,6 +145,18 @@ class _Chunk(_Strict):
     text: str
     metadata: dict[str, Scalar | list[Scalar]]
     embedding: list[float] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _chroma_accepts(cls, meta: dict[str, Any]) -> dict[str, Any]:
+        """What Chroma refuses at write time (an outside tester got 'Unexpected failure' for each): an empty key
+        or one starting with `$` (its operators), and a list mixing types (["a", 1], [true, 1])."""
+        for key, value in meta.items():
+            if not key or key.startswith("$"):
+                raise ValueError(f"metadata key {key[:80]!r} is not allowed")
+            if isinstance(value, list) and len({type(v) for v in value}) > 1:
+                raise ValueError(f"metadata {key[:80]!r} mixes value types")
+        return meta
 
 
 # -- export -----------------------------------------------------------------------------------------------
@@ -304,7 +316,7 @@ class _Lines:
         try:
             obj = json.loads(raw)
             json.dumps(obj, ensure_ascii=False).encode("utf-8")  # lone surrogates (\udcff) would fail in Chroma
-        except (ValueError, UnicodeError) as exc:
+        except (ValueError, UnicodeError, RecursionError) as exc:  # 200k nested brackets: RecursionError
             raise self.error(f"is not valid JSON ({str(exc)[:120]})", DAMAGED) from None
         if not isinstance(obj, dict) or len(obj) < 1:
             raise self.error("is not a JSON object", DAMAGED)
@@ -397,8 +409,11 @@ def _start(c: Container, lines: _Lines, collection: str | None, on_conflict: str
     created, warnings = _open_target(c, target, header)
     col = open_collection(c, target)
     recorded = (col.metadata or {}).get("embedding_dimension")
-    reuse = (header.with_embeddings and header.embedding.model == c.settings.embedding_model
-             and header.embedding.dimension is not None and recorded in (None, header.embedding.dimension))
+    # The file's dimension is a claim: it must be the model's own (a forged 10 made a collection no query could
+    # search, found by an outside tester), checked only when the vectors would be used.
+    reuse = bool(header.with_embeddings and header.embedding.model == c.settings.embedding_model
+                 and header.embedding.dimension is not None and recorded in (None, header.embedding.dimension)
+                 and header.embedding.dimension == c.embedder.dimension)
     report = BackupReport(collection=target, path=shown, created=created, documents=0, with_embeddings=reuse,
                           warnings=warnings)
     return _Import(c=c, header=header, target=target, on_conflict=on_conflict, report=report,
