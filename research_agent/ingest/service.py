@@ -213,8 +213,9 @@ def recover_if_needed(c: Container, collection: str) -> None:
     if c.store.registry_find("intent", collection):
         col = open_collection(c, collection, check_model=False)
         with c.store.write_lock():
-            if recover_interrupted(c, collection, col):
-                c.store.bump_revision(collection)
+            # recover_interrupted logs the documents it settled and bumps the revision itself; a second bump
+            # here named no change, so every keyword index fell back to a full manifest diff.
+            recover_interrupted(c, collection, col)
 
 
 def delete_documents(c: Container, collection: str, manifests: dict[str, dict[str, Any]]) -> int:

@@ -175,8 +175,9 @@ def _hits(c: Container, query: str, pool: list[Candidate], scores: list[float], 
             ("dense", cand.dense), ("keyword", cand.keyword), ("fused", cand.fused), ("rerank", cand.rerank))
             if v is not None}, ranks=dict(cand.ranks), returned_tokens=tokens,
             snippet=bool(snippets and text != cand.text))
+        # The label from the score as shown: 0.49996 was shown as 0.5 yet labelled below the 0.5 band.
         hits.append(QueryHit(content=text, relevance_score=round(score, 4),
-                             relevance_label=relevance_label(score, s),
+                             relevance_label=relevance_label(round(score, 4), s),
                              source_document=meta.get("source_document", ""),
                              header_path=meta.get("header_path", ""), metadata=meta,
                              **{k: meta[k] for k in ("line_start", "line_end", "page")
