@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +197,55 @@ async def test_collection_errors_are_32002(fake_embedder):
         await call(client, "manage_collections", action="create", collection_name="kb1")
         error = await call_error(client, "manage_collections", action="create", collection_name="kb1")
         assert error.code == -32002
+
+
+async def test_create_with_exist_ok_uses_the_existing_collection_as_the_cli_does():
+    """manage_collections(create, exist_ok) = `collections create --exist-ok` (ensure_collection): an existing
+    collection answers (created false), a project is linked, another description is kept with a warning and
+    another type fails with the CLI's own error. No embedding: nothing here loads a model."""
+    async with Client(mcp_server.mcp) as client:
+        first = await call(client, "manage_collections", action="create", collection_name="typed",
+                           collection_type="fundamental", description="Runbooks")
+        assert first["created"] is True and first["warnings"] == []
+        assert (await call_error(client, "manage_collections", action="create", collection_name="typed")).code == -32002
+        await call(client, "manage_projects", action="create", project_name="web")
+        again = await call(client, "manage_collections", action="create", collection_name="typed", exist_ok=True,
+                           project_name="web", description="Other text")
+        assert again["created"] is False and again["type"] == "fundamental" and again["projects"] == ["web"]
+        assert again["description"] == "Runbooks" and "Runbooks" in again["warnings"][0]
+        error = await call_error(client, "manage_collections", action="create", collection_name="typed",
+                                 exist_ok=True, collection_type="project-specific")
+        assert error.code == -32002 and error.data["type"] == "CollectionError"
+        assert "'fundamental'" in error.message and "'project-specific'" in error.message
+        new = await call(client, "manage_collections", action="create", collection_name="fresh", exist_ok=True)
+        assert new["created"] is True and new["type"] == "project-specific"
+    cli = subprocess.run([sys.executable, "-m", "research_agent", "--json", "collections", "create", "typed",
+                          "--type", "project-specific", "--exist-ok"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 4, cli.stderr  # CollectionError's exit code, as -32002 over MCP
+    assert json.loads(cli.stderr.strip().splitlines()[-1])["error"]["message"] in error.message
+
+
+async def test_ingest_with_create_makes_the_collection_only_for_a_path_that_exists(_mcp_docs):
+    """ingest_documents(create=true) = `kb add-folder --create`, on the real model: the collection is created
+    (project-specific) and filled; an existing one is used as it is; a missing or refused path creates nothing."""
+    async with Client(mcp_server.mcp) as client:
+        for path in (Path.cwd() / "nope", Path.cwd().parent / "outside", "https://not-allowed.example/page"):
+            error = await call_error(client, "ingest_documents", path=str(path), collection="made", create=True)
+            assert error.code in (-32001, -32003), error.message
+        assert (await call(client, "manage_collections", action="list"))["collections"] == []
+
+        report = await call(client, "ingest_documents", path=str(_mcp_docs), collection="made", create=True)
+        assert report["added"] == 2 and not report["failed"]
+        info = await call(client, "manage_collections", action="info", collection_name="made")
+        assert info["type"] == "project-specific" and info["document_count"] == 2
+
+        await call(client, "manage_collections", action="create", collection_name="ref", collection_type="fundamental")
+        again = await call(client, "ingest_documents", path=str(_mcp_docs), collection="ref", create=True)
+        assert again["added"] == 2
+        ref = await call(client, "manage_collections", action="info", collection_name="ref")
+        assert ref["type"] == "fundamental"
+        error = await call_error(client, "ingest_documents", path=str(_mcp_docs), collection="absent")
+        assert error.code == -32002  # without create a missing collection is still an error
 
 
 async def test_document_errors_are_32003(fake_embedder, tmp_path):

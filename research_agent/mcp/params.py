@@ -16,12 +16,12 @@ from research_agent.catalog.common import DEFAULT_PAGE, MAX_PAGE
 from research_agent.config import Settings
 
 Filters = Annotated[dict[str, Any] | None, Field(
-    description="Only chunks matching every field, e.g. {\"kind\": [\"note\", \"research\"]} (a list: any of): "
-                "content_type, kind, node_type, status, tags, keywords, code_language, document, collection.")]
+    description="{field: value, or a list: any of}; all must match. Fields: content_type, kind, node_type, "
+                "status, tags, keywords, code_language, document, collection.")]
 MaxTokens = Annotated[int | None, Field(description="Token budget for the results.", ge=1)]
-Snippets = Annotated[bool, Field(description="Each chunk's most relevant excerpt instead of all of it.")]
+Snippets = Annotated[bool, Field(description="Only each chunk's most relevant excerpt.")]
 Limit = Annotated[int | None, Field(description=f"Page size (default {DEFAULT_PAGE}).", ge=1, le=MAX_PAGE)]
-Cursor = Annotated[str | None, Field(description="The last page's next_cursor.")]
+Cursor = Annotated[str | None, Field(description="A page's next_cursor.")]
 #: The JSON-schema bound of a result count (top_k, max_results, k): the services refuse counts above the
 #: max_top_k setting, 100 unless configured, and a schema without `maximum` let agents learn that only from a
 #: failed call. Advertised, not validated here: the setting decides at call time (a store configured for more
@@ -67,21 +67,40 @@ def names(name: str, description: str) -> Any:
 
 
 CollectionName = Annotated[str, Field(description="Collection name.", validation_alias=aliased("collection"))]
+ProjectScope = Annotated[str | None, Field(description="Search this project's default collections.",
+                                           validation_alias=aliased("project"))]
 
 
 # -- the schemas tools/list carries ------------------------------------------------------------------------
 def lean_input(schema: dict[str, Any]) -> dict[str, Any]:
-    """An optional argument shown as its type alone: `anyOf [X, null]` + `default: null` become X (omitting it
-    means the default; null is still accepted). Measured: 37 optional arguments, 1,479 bytes of tools/list
-    (13,720 -> 12,241 bytes of names, descriptions and input schemas)."""
-    props = {}
-    for key, spec in (schema.get("properties") or {}).items():
-        if "default" in spec and spec["default"] is None:
-            alts = [a for a in spec.get("anyOf") or [] if a != {"type": "null"}]
-            spec = {k: v for k, v in spec.items() if k not in ("anyOf", "default")}
-            spec = {**alts[0], **spec} if len(alts) == 1 else {"anyOf": alts, **spec} if alts else spec
-        props[key] = spec
-    return {**schema, "properties": props}
+    """The input schema as tools/list carries it, without what tells a client nothing; validation is pydantic's,
+    unchanged, and `type`, `enum`, `anyOf`, `required`, bounds and non-trivial defaults all stay.
+
+    - An optional argument is shown as its type alone: `anyOf [X, null]` + `default: null` become X (omitting
+      it means the default; null is still accepted), also inside an object argument (ingest_documents'
+      `records`): 40 arguments, 1,608 bytes (1,479 before issue 15 reached the nested fields).
+    - A flag's `default: false` goes (omitting a flag means false to every client): 7 flags, 112 bytes.
+    - `additionalProperties` goes: `true` is JSON Schema's default (`filters`), and the top level's `false`
+      (fastmcp's forbid-extra model) was not even true of this server, which accepts the aliases (params.ALIASES)
+      the schema does not list; an unknown argument is still refused with a -32602 naming it. 14 tools, 434 bytes.
+    """
+    props = {key: _lean_property(spec) for key, spec in (schema.get("properties") or {}).items()}
+    lean = {**{k: v for k, v in schema.items() if k != "additionalProperties"}, "properties": props}
+    if "$defs" in schema:  # an object argument's model, referenced until FastMCP dereferences it for tools/list
+        lean["$defs"] = {name: lean_input(model) for name, model in schema["$defs"].items()}
+    return lean
+
+
+def _lean_property(spec: dict[str, Any]) -> dict[str, Any]:
+    if "default" in spec and spec["default"] is None:
+        alts = [a for a in spec.get("anyOf") or [] if a != {"type": "null"}]
+        spec = {k: v for k, v in spec.items() if k not in ("anyOf", "default")}
+        spec = {**alts[0], **spec} if len(alts) == 1 else {"anyOf": alts, **spec} if alts else spec
+    drop = {"additionalProperties"} if spec.get("additionalProperties") is True else set()
+    if spec.get("type") == "boolean" and spec.get("default") is False:
+        drop.add("default")
+    spec = {k: v for k, v in spec.items() if k not in drop}
+    return lean_input(spec) if isinstance(spec.get("properties"), dict) else spec
 
 
 def _lean(node: Any, depth: int) -> Any:

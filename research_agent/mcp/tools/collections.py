@@ -10,16 +10,16 @@ from fastmcp import Context, FastMCP
 from fastmcp.tools import ToolResult
 from pydantic import Field
 
-from research_agent.catalog.collections import CollectionInfo, CollectionList
+from research_agent.catalog.collections import CollectionCreated, CollectionInfo, CollectionList
 from research_agent.catalog.common import Deleted
 from research_agent.mcp.calls import Tool, add_tools, container, require
 from research_agent.mcp.params import Cursor, Limit, aliased
 from research_agent.ops.backup import BackupReport
 
 # export and import are writes (export writes a file, never over an existing one; import adds documents).
-COLLECTIONS = Tool("Returns the collection (create, info), a page {collections, total, next_cursor} (list), "
-                   "{deleted, chunks_removed} (delete: with its documents; no undo) or counts (export, import).",
-                   title="Manage collections", returns=(CollectionInfo, CollectionList, Deleted, BackupReport),
+COLLECTIONS = Tool("A collection holds documents and their chunks; delete removes them too (no undo).",
+                   title="Manage collections",
+                   returns=(CollectionCreated, CollectionInfo, CollectionList, Deleted, BackupReport),
                    idempotent=False,
                    actions={"list": "read", "info": "read", "create": "write", "export": "write", "import": "write",
                             "delete": "delete"})
@@ -34,13 +34,15 @@ async def manage_collections(
         description="3-512 of [A-Za-z0-9._-]; import: default the file's.",
         validation_alias=aliased("collection_name"))] = None,
     collection_type: Annotated[Literal["fundamental", "project-specific"] | None, Field(
-        description="project-specific (default) or fundamental (general reference); list: filter.")] = None,
+        description="fundamental: general reference; default project-specific; list: filter.")] = None,
     project_name: Annotated[str | None, Field(
         description="create: link to it; list: filter.", validation_alias=aliased("project_name"))] = None,
     description: Annotated[str | None, Field(description="create: what it holds.")] = None,
     path: Annotated[str | None, Field(description="export, import: JSONL under the allowed roots.")] = None,
     on_conflict: Annotated[Literal["skip", "replace", "error"], Field(
         description="import: a document there with other content.")] = "skip",
+    exist_ok: Annotated[bool, Field(description="create: if it exists, use it (type must match; project_name is "
+                                                "linked).")] = False,
     limit: Limit = None,
     cursor: Cursor = None,
 ) -> ToolResult:
@@ -58,8 +60,8 @@ async def manage_collections(
         return call.result(data)
     name = require(collection_name, "collection_name", action)
     if action == "create":
-        data = await call.act(ctx, action, svc.create_collection, c, name, type=collection_type or "project-specific",
-                              description=description or "", project=project_name)
+        data = await call.act(ctx, action, svc.ensure_collection, c, name, type=collection_type,
+                              description=description, project=project_name, exist_ok=exist_ok)
     elif action == "info":
         data = await call.act(ctx, action, svc.get_collection_info, c, name)
     elif action == "export":

@@ -12,30 +12,29 @@ from pydantic import Field
 
 from research_agent.discovery.models import DependencyGraph, DiscoveryResult, KnowledgeBaseList, RetrievalResult
 from research_agent.mcp.calls import Tool, add_tools, container
-from research_agent.mcp.params import COUNT_BOUND, Cursor, Limit, TaskType, aliased, names
+from research_agent.mcp.params import COUNT_BOUND, Cursor, Limit, ProjectScope, TaskType, aliased, names
 from research_agent.search.service import QueryResult
 
-DISCOVER = Tool("Before a coding task: the knowledge it needs, ranked {id, path, title, type, relevance_score, "
-                "reason, estimated_tokens}. relevance_score is the probability a node is needed: >= 0.9 load, "
-                ">= 0.7 should, >= 0.5 consider; none >= 0.5: nothing relevant is known. Load ids with "
+DISCOVER = Tool("Before a coding task: the knowledge it needs, ranked {id, path, title, type, "
+                "relevance_score, reason, estimated_tokens}. relevance_score: probability it is needed (>= 0.9 load, "
+                ">= 0.7 should, >= 0.5 consider; none >= 0.5: nothing relevant known). Load ids with "
                 "retrieve_knowledge.",
                 title="Discover context for a task", returns=(DiscoveryResult,), read_only=True, idempotent=True)
 
-DiscoverNames = names("collections", "Collections to search (default: all).")
+DiscoverNames = names("collections", "Default: all.")
 
 
 @DISCOVER
 async def discover_context(
-    task_description: Annotated[str, Field(description="The task you are about to do.")],
+    task_description: Annotated[str, Field(description="The task at hand.")],
     ctx: Context,
     task_type: Annotated[TaskType | None, Field(description="Tunes which node types rank first.")] = None,
-    current_file: Annotated[str | None, Field(description="The file being edited; knowledge near it ranks "
+    current_file: Annotated[str | None, Field(description="The file being edited; nearby knowledge ranks "
                                                           "higher.")] = None,
     max_results: Annotated[int, Field(description="At most this many.", ge=1, json_schema_extra=COUNT_BOUND,
                                       validation_alias=aliased("max_results"))] = 5,
     collections: DiscoverNames = None,
-    project: Annotated[str | None, Field(description="Search this project's default collections.",
-                                         validation_alias=aliased("project"))] = None,
+    project: ProjectScope = None,
 ) -> ToolResult:
     from research_agent.discovery import discover_context as svc
 
@@ -44,8 +43,8 @@ async def discover_context(
                                             collections=collections or None, project=project))
 
 
-RETRIEVE = Tool("Full content of knowledge nodes by id (from discover_context or list_knowledge_bases), with "
-                "metadata and total_tokens. At most 20 ids; unknown ones are in not_found.",
+RETRIEVE = Tool("Knowledge nodes' full content by id (from discover_context, list_knowledge_bases), with metadata "
+                "and total_tokens. At most 20 ids; unknown ones: not_found.",
                 title="Retrieve knowledge", returns=(RetrievalResult,), read_only=True, idempotent=True)
 
 
@@ -63,8 +62,8 @@ async def retrieve_knowledge(
                                             format=format))
 
 
-LIST_KB = Tool("A page of the knowledge files and their nodes {id, path, title, type, status}, with totals and "
-               "next_cursor. Filters match a node's own or inherited type/status.",
+LIST_KB = Tool("A page of knowledge files and their nodes {id, path, title, type, status}, with totals; filters "
+               "match a node's own or inherited type/status.",
                title="List knowledge bases", returns=(KnowledgeBaseList,), read_only=True, idempotent=True)
 
 
@@ -83,10 +82,10 @@ async def list_knowledge_bases(
                                           filter_status=filter_status, limit=limit, cursor=cursor))
 
 
-SEARCH = Tool("query_knowledge_base over knowledge collections, for specific questions during a task.",
+SEARCH = Tool("query_knowledge_base over the knowledge collections, for questions during a task.",
               title="Search knowledge", returns=(QueryResult,), read_only=True, idempotent=True)
 
-ScopeNames = names("scope", "Collections, or one project name (default: all).")
+ScopeNames = names("scope", "Collections or one project (default: all).")
 
 
 @SEARCH
@@ -105,8 +104,8 @@ async def search_knowledge(
                                         scope=scope or None, max_results=max_results))
 
 
-DEPENDENCIES = Tool("What a node depends on (upstream: blocked_by, parent) and what depends on it (downstream), "
-                    "with edges {source, target, kind}, cycles and dangling blocked_by ids.",
+DEPENDENCIES = Tool("A node's upstream (what it depends on: blocked_by, parent) and downstream (what depends on "
+                    "it): edges {source, target, kind}, cycles, dangling blocked_by ids.",
                     title="Get dependencies", returns=(DependencyGraph,), read_only=True, idempotent=True)
 
 

@@ -4,6 +4,7 @@ listed, read, removed, re-embedded and pruned (research_agent/ingest/, research_
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastmcp import Context, FastMCP
@@ -19,10 +20,9 @@ from research_agent.ingest.web import UrlReport
 from research_agent.mcp.calls import Tool, add_tools, container, require
 from research_agent.mcp.params import CollectionName, Cursor, Limit
 
-INGEST = Tool("Add a file or folder (Markdown, code, PDF, notebooks, CSV, ...), a web page (http(s) URL, hosts the "
-              "server allows) or a records file (`records`: one document per JSON/JSONL/CSV record) to a collection; "
-              "unchanged items are skipped, changed ones replace their chunks. Progress; no call timeout. Returns "
-              "counts and what was skipped or failed, with reasons.",
+INGEST = Tool("Add a file or folder (Markdown, code, PDF, notebooks, CSV ...), a web page (an allowed host's URL) or "
+              "a records file to a collection; unchanged items are skipped, changed ones replaced. Progress; no call "
+              "timeout. Returns counts and what was skipped or failed, why.",
               title="Ingest files", returns=(IngestReport, RecordsReport, UrlReport), destructive=True,
               idempotent=True)
 # A web page reaches the network, which no other tool does: say so (MCP's openWorldHint).
@@ -42,35 +42,58 @@ class RecordsMapping(BaseModel):
 
 @INGEST
 async def ingest_documents(
-    path: Annotated[str, Field(description="On the server, under its allowed roots (default: its working "
-                                           "directory; absolute is safest), or an http(s) URL.")],
+    path: Annotated[str, Field(description="Under the server's allowed roots (default: its working directory; "
+                                           "absolute is safest), or an http(s) URL.")],
     collection: CollectionName,
     ctx: Context,
-    recursive: Annotated[bool, Field(description="Folders: include subfolders (as kb add-folder).")] = True,
+    recursive: Annotated[bool, Field(description="Folders: include subfolders.")] = True,
     include: Annotated[list[str] | None, Field(description="Folders: only files matching these globs, e.g. "
-                                                           "['*.md'].")] = None,
-    exclude: Annotated[list[str] | None, Field(description="Folders: skip what matches (.gitignore is "
-                                                           "honoured anyway).")] = None,
+                                                           "*.md.")] = None,
+    exclude: Annotated[list[str] | None, Field(description="Folders: globs to skip (.gitignore is honoured "
+                                                           "too).")] = None,
     prune: Annotated[bool, Field(description="Remove documents whose files (or records) are gone.")] = False,
     title: Annotated[str | None, Field(description="A single file: its title.")] = None,
-    records: Annotated[RecordsMapping | None, Field(description="`path` is a records file (kb add-records).")
-                       ] = None,
+    records: Annotated[RecordsMapping | None, Field(description="path is a JSON/JSONL/CSV file, a document per "
+                                                                "record, mapped so.")] = None,
+    create: Annotated[bool, Field(description="Create the collection (project-specific) if missing; a bad path "
+                                              "creates nothing.")] = False,
 ) -> ToolResult:
     from research_agent.ingest import ingest_path
 
     c = container(ctx)
+    roots = c.settings.resolved_allowed_roots()
+    url = path.strip().lower().startswith(("http://", "https://"))
+    if create:
+        await INGEST.write(ctx, _create_for, c, path, collection, url=url, allowed_roots=roots)
     job = {"collection": collection, "path": path}
-    if path.strip().lower().startswith(("http://", "https://")):
+    if url:
         from research_agent.ingest.web import add_urls
 
         return INGEST.result(await INGEST.write(ctx, add_urls, c, collection, [path]))
     if records is not None:
         return INGEST.result(await INGEST.job(ctx, job, _ingest_records, c, path, collection, records, prune=prune,
-                                              allowed_roots=c.settings.resolved_allowed_roots()))
+                                              allowed_roots=roots))
     data = await INGEST.job(ctx, job, ingest_path, c, path, collection,
                             recursive=recursive, include=tuple(include or ()), exclude=tuple(exclude or ()),
-                            prune=prune, title=title, allowed_roots=c.settings.resolved_allowed_roots())
+                            prune=prune, title=title, allowed_roots=roots)
     return INGEST.result(data)
+
+
+def _create_for(c: Any, path: str, collection: str, *, url: bool, allowed_roots: list[Any]) -> Any:
+    """create=true, as `kb add-folder --create`: the collection is created (project-specific) only after the path
+    or URL passed the checks the ingest makes first, so a typo leaves no empty collection behind; an existing
+    collection of either type is used as it is."""
+    from research_agent.catalog.collections import ensure_collection
+    from research_agent.errors import DocumentError
+    from research_agent.ingest import check_allowed, folder
+    from research_agent.ingest.web import check_url
+
+    if url:
+        check_url(path, c.settings.url_allowed_hosts)
+    elif not check_allowed(Path(path), allowed_roots).exists():
+        raise DocumentError(f"No such file or folder: {folder.display(path)}", path=folder.display(path[:200]),
+                            guidance="Check the path; no collection was created.")
+    return ensure_collection(c, collection, exist_ok=True)
 
 
 def _ingest_records(c: Any, path: str, collection: str, mapping: RecordsMapping, *, prune: bool,
@@ -84,7 +107,7 @@ def _ingest_records(c: Any, path: str, collection: str, mapping: RecordsMapping,
     return ingest_records(c, path, collection, fields, prune=prune, progress=progress, allowed_roots=allowed_roots)
 
 
-AUGMENT = Tool("Save research text with its source so queries find it; the same content and source is stored once "
+AUGMENT = Tool("Save research with its source so queries find it; the same content and source is stored once "
                "(status unchanged).",
                title="Save research", returns=(AugmentResult,), idempotent=True)
 
@@ -103,11 +126,8 @@ async def augment_knowledge(
                                               title=title))
 
 
-DOCUMENTS = Tool("A collection's documents and notes. Returns a page {documents, total, next_cursor} (list), the "
-                 "text with numbered lines {content, lines: [{n, text}], line_start, line_end, total_lines, missing, "
-                 "inexact} (get; file line numbers, as query hits cite them), {deleted, chunks_removed} (remove), "
-                 "the note's key (add-note, update-note) or an ingest report (reindex: progress, no call "
-                 "timeout; prune).",
+DOCUMENTS = Tool("A collection's documents and notes. get returns numbered lines (the file's, as query hits cite "
+                 "them); reindex reports progress, with no call timeout.",
                  title="Manage documents", idempotent=False,
                  returns=(DocumentList, DocumentContent, Deleted, AugmentResult, IngestReport),
                  actions={"list": "read", "get": "read", "add-note": "write", "update-note": "write",
@@ -117,22 +137,22 @@ DOCUMENTS = Tool("A collection's documents and notes. Returns a page {documents,
 @DOCUMENTS
 async def manage_documents(
     action: Annotated[Literal["list", "get", "remove", "reindex", "add-note", "update-note", "prune"], Field(
-        description="reindex: re-embed with the configured model (after a model change); prune: remove "
-                    "documents whose files are gone (never research, notes or unreadable files).")],
+        description="reindex: re-embed with the configured model; prune: remove documents whose files are gone "
+                    "(not research, notes or unreadable files).")],
     collection: CollectionName,
     ctx: Context,
     document: Annotated[str | None, Field(
-        description="get, remove, update-note: the key list shows (or the file's path); get also takes "
-                    "DOCUMENT:10-20 or DOCUMENT:42.")] = None,
-    line_start: Annotated[int | None, Field(description="get: first line (1-based), e.g. a hit's line_start.",
+        description="get, remove, update-note: its key (see list) or file path; get also takes KEY:10-20, "
+                    "KEY:42.")] = None,
+    line_start: Annotated[int | None, Field(description="get: first line, 1-based (a hit's line_start).",
                                             ge=1)] = None,
-    line_end: Annotated[int | None, Field(description="get: last line (default: to the end; past the end is "
-                                                      "cut there, with a note).", ge=1)] = None,
+    line_end: Annotated[int | None, Field(description="get: last line (default: the end; past it: cut, with a "
+                                                      "note).", ge=1)] = None,
     content: Annotated[str | None, Field(description="add-note, update-note: Markdown.")] = None,
     title: Annotated[str | None, Field(description="add-note (required), update-note.")] = None,
     source: Annotated[str | None, Field(description="add-note: its origin.")] = None,
-    under: Annotated[str | None, Field(description="prune: only what came from this folder (may be "
-                                                   "gone or look unmounted).")] = None,
+    under: Annotated[str | None, Field(description="prune: only under this folder (even if gone or "
+                                                   "unmounted).")] = None,
     dry_run: Annotated[bool, Field(description="prune: report, remove nothing.")] = False,
     limit: Limit = None,
     cursor: Cursor = None,

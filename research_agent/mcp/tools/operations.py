@@ -45,7 +45,7 @@ async def evaluate_retrieval(
     return EVALUATE.result(await EVALUATE.write(ctx, run_eval))
 
 
-CHECK = Tool("Check the store for what an interrupted write left (orphan chunks, incomplete documents, reindex "
+CHECK = Tool("Find what an interrupted write left in the store (orphan chunks, incomplete documents, reindex "
              "leftovers); repair=true fixes it.",
              title="Check the store", returns=(DoctorReport,), destructive=True, idempotent=True)
 

@@ -16,13 +16,12 @@ from research_agent.mcp.params import Cursor, Limit, aliased, names
 if TYPE_CHECKING:
     from research_agent.container import Container
 
-PROJECTS = Tool("A project groups the collections searched for one codebase. Returns the project, a page "
-                "{projects, total, next_cursor} (list) or {deleted, kind} (delete; collections stay).",
+PROJECTS = Tool("A project groups the collections searched for one codebase; delete leaves them.",
                 title="Manage projects", returns=(ProjectInfo, ProjectList, Deleted), idempotent=False,
                 actions={"list": "read", "info": "read", "create": "write", "link": "write", "unlink": "write",
                          "set-defaults": "write", "delete": "delete"})
 
-LinkedNames = names("collections", "Collection names (create, link, unlink, set-defaults).")
+LinkedNames = names("collections", "create, link, unlink, set-defaults.")
 
 
 def create_with_links(c: Container, name: str, description: str, collections: list[str] | None) -> ProjectInfo:

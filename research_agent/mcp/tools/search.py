@@ -9,16 +9,15 @@ from fastmcp.tools import ToolResult
 from pydantic import Field
 
 from research_agent.mcp.calls import Tool, add_tools, container, state
-from research_agent.mcp.params import COUNT_BOUND, Filters, MaxTokens, Snippets, aliased, names
+from research_agent.mcp.params import COUNT_BOUND, Filters, MaxTokens, ProjectScope, Snippets, aliased, names
 from research_agent.search.service import QueryResult
 
-QUERY = Tool("Search the knowledge base: the most relevant chunks {content, source_document, header_path, "
-             "relevance_score (probability 0-1), relevance_label, metadata (line_start/line_end: the file lines the "
-             "chunk spans, page for PDFs; manage_documents get reads them)}; query_refinement says when the query "
-             "is too broad or unclear, with suggestions.",
+QUERY = Tool("Search the knowledge base: chunks, best first, with relevance_score (probability 0-1), "
+             "source_document, header_path, and path, line_start, line_end, page to cite (manage_documents get reads "
+             "them); query_refinement if the query is too broad or unclear.",
              title="Search the knowledge base", returns=(QueryResult,), read_only=True, idempotent=True)
 
-SearchedNames = names("collections", "Collections to search (default: the project's, else all).")
+SearchedNames = names("collections", "Default: the project's, else all.")
 
 
 @QUERY
@@ -26,15 +25,14 @@ async def query_knowledge_base(
     query: Annotated[str, Field(description="A question or keywords.")],
     ctx: Context,
     collections: SearchedNames = None,
-    top_k: Annotated[int, Field(description="Chunks to return (up to max_top_k).",
+    top_k: Annotated[int, Field(description="Chunks to return.",
                                 ge=1, json_schema_extra=COUNT_BOUND, validation_alias=aliased("top_k"))] = 10,
     document_context: Annotated[str | None, Field(
-        description="The text or code being worked on; ranks related chunks higher.")] = None,
-    project: Annotated[str | None, Field(description="Search this project's default collections.",
-                                         validation_alias=aliased("project"))] = None,
+        description="Text or code at hand: related chunks rank higher.")] = None,
+    project: ProjectScope = None,
     mode: Annotated[Literal["hybrid", "semantic", "keyword"], Field(
-        description="hybrid: embeddings + keywords; semantic; keyword: exact terms (names, errors).")] = "hybrid",
-    rerank: Annotated[bool, Field(description="Rerank with the cross-encoder if available.")] = True,
+        description="hybrid = semantic + keyword; keyword: exact terms (names, errors).")] = "hybrid",
+    rerank: Annotated[bool, Field(description="Cross-encoder reranking, if available.")] = True,
     filters: Filters = None,
     max_tokens: MaxTokens = None,
     snippets: Snippets = False,
