@@ -11,7 +11,7 @@ re-embedding). Then, in order:
   3. warm keyword query p50 / p95 over SciFact test queries in this long-lived process (query_knowledge,
      mode keyword, no rerank: the whole service path);
   4. another process adds one document (`kb add-research`'s path, real model), then this process's next keyword
-     query: its catch-up mode, documents touched and time;
+     query: its catch-up mode, documents touched, index entries and bytes of state written, and time;
   5. a new process's first keyword query after that write (someone already caught up: open + query).
 Figures: benchmarks/SCALE.md.
 """
@@ -140,6 +140,7 @@ def after_write(c, store: Path) -> dict:
     return {"other_process_write_s": write_s, "next_query_s": took,
             "found": bool(res.results) and "tardigrades" in res.results[0].content,
             "catch_up": [{"mode": x.mode, "documents": len(x.documents), "chunks": x.chunks,
+                          "entries": x.entries, "state_bytes": x.state_bytes,
                           "seconds": round(x.seconds, 4)} for x in done]}
 
 

@@ -228,3 +228,92 @@ def test_pruning_never_deletes_what_is_not_ours_even_through_a_symlink(animals, 
         _rewrite(animals, monkeypatch)
     assert (target / "important" / "thesis.txt").read_text() == "precious"
     assert (target / "notes.txt").read_text() == "keep" and (inner / "data.txt").read_text() == "keep too"
+
+
+def _write_notes(c, collection: str, n: int) -> None:
+    """`n` one-chunk documents in one write (benchmarks/scale.py's path)."""
+    from research_agent.ingest import PreparedDocument, content_hash, write_documents
+    from research_agent.ingest.chunking import chunk_document
+    from research_agent.ingest.parsing import ParsedDocument
+
+    docs = []
+    for j in range(n):
+        title, body = f"Note {j:04d}", f"Animal fact number {j:04d}: okapis and narwhals differ."
+        chunks = chunk_document(ParsedDocument(text=body, format="text", title=title), source=f"doc{j:04d}",
+                                max_tokens=c.settings.chunk_max_tokens)[:1]
+        docs.append(PreparedDocument(document=f"doc{j:04d}", title=title, kind="document", source=f"doc{j:04d}",
+                                     content_hash=content_hash(f"{title}\n{body}"), chunks=chunks))
+    write_documents(c, collection, docs)
+
+
+def _catch_up_bytes(c, collection: str, monkeypatch) -> int:
+    """Bytes a one-document catch-up adds to or rewrites in the index folder (a new process's query)."""
+    folder = sync.index_path(keyword.persist_folder(c, open_collection(c, collection)),
+                             keyword.field_weights(c.settings))
+    query.query_knowledge(c, "okapis", collections=[collection], mode="keyword", rerank=False)  # first build
+    before = {f.name: (f.stat().st_size, f.stat().st_mtime_ns) for f in folder.iterdir()}
+    augment.add_research(c, collection, "Tardigrades survive in space.", "src-probe", title="Probe")
+    new_process(monkeypatch)
+    hits = query.query_knowledge(c, "tardigrades", collections=[collection], mode="keyword", rerank=False)
+    assert hits.results and hits.results[0].content.startswith("Tardigrades")
+    assert (sync.RECENT[-1].mode, len(sync.RECENT[-1].documents)) == ("log", 1)
+    return sum(f.stat().st_size for f in folder.iterdir()
+               if before.get(f.name) != (f.stat().st_size, f.stat().st_mtime_ns))
+
+
+def test_a_one_document_catch_up_writes_the_same_whatever_the_number_of_documents(container, fake_embedder,
+                                                                                   monkeypatch):
+    """Trigger: the state was one entry with every document's hash, rewritten by every commit (0.78 s of a
+    0.99 s catch-up at 100k documents): the bytes a one-document catch-up wrote grew with the corpus."""
+    written = {}
+    for name, n in (("few", 3), ("many", 400)):
+        collections.create_collection(container, name)
+        _write_notes(container, name, n)
+        written[name] = (_catch_up_bytes(container, name, monkeypatch), sync.RECENT[-1])
+    (few, few_done), (many, many_done) = written["few"], written["many"]
+    # The delete bitset of the built segment grows by 1 bit per document (400 docs: 50 bytes); the old
+    # layout's state grew by ~100 bytes per document (40 KB here).
+    assert abs(many - few) < 1024, (few, many)
+    assert (many_done.entries, many_done.state_bytes) == (few_done.entries, few_done.state_bytes)
+    assert many_done.entries == 2 and many_done.state_bytes < 400  # one chunk holding its state + the global
+
+
+def _layout2(path: Path, texts: list[tuple[str, str]], revision: str) -> None:
+    """A `tantivy-w2.3-a2` folder as this morning's code saved it: five fields, one `_state` entry holding
+    every document's hash, claiming the current revision (so it would be trusted if it were opened)."""
+    import json
+
+    import tantivy
+
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field("id", stored=True, tokenizer_name="raw")
+    sb.add_text_field("doc", stored=False, tokenizer_name="raw")
+    sb.add_text_field("body", stored=False, tokenizer_name="whitespace", index_option="freq")
+    sb.add_bytes_field("text", stored=True)
+    sb.add_bytes_field("meta", stored=True)
+    path.mkdir(parents=True)
+    index = tantivy.Index(sb.build(), path=str(path))
+    writer = index.writer(15_000_000, 1)
+    for doc, text in texts:
+        writer.add_document(tantivy.Document(id=f"{doc}-0", doc=doc, body=text.lower(), text=text.encode(),
+                                             meta=json.dumps({"source_document": doc}).encode()))
+    state = {"versions": {doc: "0" * 64 for doc, _ in texts}, "revision": revision, "log_at": 1}
+    writer.add_document(tantivy.Document(id="_state", doc="\x00state", meta=json.dumps(state).encode()))
+    writer.commit()
+    writer.wait_merging_threads()
+
+
+def test_an_index_saved_in_the_previous_layout_is_replaced_by_a_build(animals, monkeypatch, caplog):
+    folder = keyword.persist_folder(animals, open_collection(animals, "docs"))
+    old = folder / "tantivy-w2.3-a2"
+    _layout2(old, [(d, "Zebras graze on the savanna.") for d in documents(animals)], animals.store.revision("docs"))
+    Path(f"{old}.lock").write_text("")
+    new_process(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="research_agent"):
+        assert ranked(animals, "okapis rainforest")[0][0].startswith("Okapis")
+        assert not ranked(animals, "zebras savanna")  # the old folder's (stale) text was never served
+    assert sync.RECENT[-1].mode == "build"
+    assert not [r for r in caplog.records if r.name.startswith("research_agent")], caplog.text  # not "damaged"
+    assert not old.exists() and not Path(f"{old}.lock").exists()
+    assert sorted(p.name for p in folder.iterdir()) == [index_dir(animals).name, f"{index_dir(animals).name}.lock"]
+    assert len(keyword.KeywordIndex.open(index_dir(animals), keyword.field_weights(animals.settings))) == len(ANIMALS)

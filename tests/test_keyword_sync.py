@@ -39,11 +39,13 @@ QUERY = (
 DIE_IN_CATCH_UP = (
     "add = keyword_index.KeywordIndex._document\n"
     "seen = []\n"
-    "def dying(self, ch, doc):\n"
+    "def dying(self, ch, doc, *state):\n"
     "    seen.append(ch.id)\n"
-    "    return die() if len(seen) == 2 else add(self, ch, doc)\n"
+    "    return die() if len(seen) == 2 else add(self, ch, doc, *state)\n"
     "keyword_index.KeywordIndex._document = dying\n"
 )
+# ... or after every chunk and per-document state entry, while replacing the global entry (just before commit).
+DIE_BEFORE_COMMIT = "keyword_index.KeywordIndex._replace_global = staticmethod(die)\n"
 
 
 def child(code: str, *args: str, wait: bool = True) -> subprocess.CompletedProcess | subprocess.Popen:
@@ -60,14 +62,15 @@ def keyword_hits(c, text: str) -> list[str]:
 
 
 def contents(index: KeywordIndex) -> tuple[dict[str, tuple[str, dict]], dict[str, str], str | None]:
-    """Everything the index holds: each chunk's text and metadata, and its state."""
+    """Everything the index holds: each chunk's text and metadata, and its state (per document and global)."""
     import tantivy
 
     searcher = index._index.searcher()
     hits = searcher.search(tantivy.Query.all_query(), limit=max(1, searcher.num_docs)).hits
     docs = [searcher.doc(addr) for _, addr in hits]
-    chunks = {d["id"][0]: (d["text"][0].decode(), json.loads(d["meta"][0])) for d in docs if d["id"][0] != "_state"}
-    return chunks, index.state.versions, index.state.revision
+    chunks = {d["id"][0]: (d["text"][0].decode(), json.loads(d["meta"][0])) for d in docs
+              if not d["id"][0].startswith(("_state", "\x00"))}
+    return chunks, index.all_versions(), index.state.revision
 
 
 def fresh_build(c, tmp_path: Path) -> KeywordIndex:
@@ -95,16 +98,18 @@ def animals(container, fake_embedder):
     return container
 
 
-@pytest.mark.parametrize("built_before", [True, False], ids=["incremental", "first-build"])
+@pytest.mark.parametrize("built_before, dying", [(True, DIE_IN_CATCH_UP), (False, DIE_IN_CATCH_UP),
+                                                 (True, DIE_BEFORE_COMMIT)],
+                         ids=["incremental", "first-build", "incremental-before-commit"])
 def test_a_catch_up_killed_midway_then_run_again_equals_an_uninterrupted_one(animals, tmp_path, monkeypatch,
-                                                                             built_before):
+                                                                             built_before, dying):
     from research_agent.search import keyword_sync as sync
 
     if built_before:
         assert keyword_hits(animals, "okapi")
     for i, text in enumerate(["Tardigrades survive in space.", "Quokkas smile on islands.", "Axolotls regrow."]):
         augment.add_research(animals, "docs", text, f"src-new{i}", title=f"New {i}")
-    out = child(DIE_IN_CATCH_UP + QUERY, "tardigrade")
+    out = child(dying + QUERY, "tardigrade")
     assert out.returncode == -9, out.stderr[-2000:]
     monkeypatch.setattr(sync, "_open", {})  # this process opens the folder the killed one wrote in
     assert keyword_hits(animals, "tardigrade")[0].startswith("Tardigrades")
@@ -213,3 +218,21 @@ def test_concurrent_first_queries_in_threads_build_once(animals, monkeypatch):
         t.join(timeout=60)
     assert len(results) == 4 and all(r and r[0].startswith("Narwhals") for r in results)
     assert [c.mode for c in list(sync.RECENT)[before:]] == ["build"]
+
+
+def test_each_documents_state_is_replaced_with_its_chunks_and_a_chunkless_one_is_kept_alone():
+    """Per-document state (layout 3): written with the document's entries, removed by the same delete, and
+    a document with no chunk still has its state (else every full diff would re-apply it)."""
+    from research_agent.search.keyword_index import IndexState
+
+    index = KeywordIndex()
+    two = [("a", Chunk("a0", "okapi rainforest", {})), ("a", Chunk("a1", "okapi leaves", {}))]
+    index.apply([], two + [("b", Chunk("b0", "narwhal tusk", {}))], IndexState("r1", 1),
+                {"a": "ha", "b": "hb", "empty": "he"})
+    assert index.all_versions() == {"a": "ha", "b": "hb", "empty": "he"}
+    assert len(index) == 3 and index.versions_of(["a", "missing"]) == {"a": "ha"}
+    assert not index.search("he", 5) and index.state == IndexState("r1", 1)
+    done = index.apply(["a", "empty"], [("a", Chunk("a2", "okapi stripes", {}))], IndexState("r2", 2), {"a": "h2"})
+    assert index.all_versions() == {"a": "h2", "b": "hb"} and len(index) == 2
+    assert [ch.id for ch, _ in index.search("okapi", 5)] == ["a2"]
+    assert (done.chunks, done.entries) == (1, 2) and index.state == IndexState("r2", 2)

@@ -14,13 +14,28 @@ and the adaptive fusion weight valid. Measured: SciFact keyword 0.678 / hybrid 0
 
 Each indexed chunk stores its id, its document key (`doc`, what a per-document update deletes by), its text
 and its metadata (JSON), so a hit is answered from the index alone and no process keeps the collection's text
-in memory (the bm25s design held every chunk's text and metadata: GBs at a million chunks). One more entry,
-`id = "_state"`, holds the index's state: the content hash of every document it holds, the collection
-revision and the change-log position it reflects. It is replaced in the same commit as the chunks it
-describes, and a tantivy commit publishes atomically (one meta.json replace), so a reader sees a document's
-old chunks or its new ones and a state that matches them, never a half.
+in memory (the bm25s design held every chunk's text and metadata: GBs at a million chunks).
+
+The index's state is kept per document (layout 3, issue 16): each document's first chunk in a commit also
+carries the document's key (`sdoc`) and content hash (`ver`) and the role `state`; a document with no visible
+chunk gets a stand-alone entry instead (`id = "\x00state:<key>"`, roles `state` and `alone`, no body). Both
+share the document's `doc` term, so the delete that removes a document's chunks removes its state with them,
+and its new chunks bring the new state in the same commit. One small global entry, `id = "_state"`, holds the
+collection revision and the change-log position. A catch-up therefore writes what changed: one document's
+chunks and ~200 bytes of state, where layout 2's single state entry (one hash per document, ~9 MB of JSON at
+100k documents) was re-encoded and rewritten by every commit (~0.2 s of each catch-up at 100k, growing
+with N). The state rides on chunks rather than in entries of its own because tantivy's BM25 counts every
+entry, bodiless or deleted, in N and in the average length: an entry per document would double N at one chunk
+per document and change every score (20 bodiless entries beside 20 chunks moved a score from 0.99 to 1.14).
+A tantivy commit publishes atomically (one meta.json replace), so a reader sees a document's old chunks and
+state or its new ones, never a half.
 
 Keeping the index in step with the store is search/keyword_sync.py's (catch-up, locks, recovery).
+
+Over 400 lines because the schema, the per-document state written in each commit (`apply`) and the readers
+of that state and of the chunks (`versions_of`, `top`, `scores_of`) are one invariant: a commit holds a
+document's chunks and its state together. Split, a change to the schema or the state's layout would touch
+two modules that must change in step (ANALYZER_VERSION names both).
 
 Typo tolerance: a query word whose stem is in no chunk is replaced by the strings within one edit (insertion,
 deletion, substitution or adjacent transposition) whose stems are in the index, most frequent first (at most
@@ -39,7 +54,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -52,8 +67,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Bump when tokens, stems, stop words, the schema or the state's layout change: the folder name carries it,
-#: so an index of another version is never opened (a new one is built beside it).
-ANALYZER_VERSION = 2
+#: so an index of another version is never opened (a new one is built beside it, the old one removed).
+#: 3: per-document state on chunks (module docstring); 2: one state entry with every document's hash.
+ANALYZER_VERSION = 3
 #: Field weights as repetition counts (the ACDC spec's boosts; content counts once).
 TITLE_WEIGHT = 2
 KEYWORD_WEIGHT = 3
@@ -76,6 +92,7 @@ WRITER_HEAP_BYTES = 64_000_000
 
 STATE_ID = "_state"
 _STATE_DOC = "\x00state"   # no document key is this (keys are file names, research:/note: names)
+_ALONE_PREFIX = "\x00state:"  # the id of a chunkless document's state entry (no chunk id starts with NUL)
 _LETTERS = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 
@@ -88,12 +105,22 @@ class Chunk:
 
 @dataclass
 class IndexState:
-    """What the index reflects: {document: content hash}, the collection revision, the change-log position
-    (nanoseconds of the newest change record applied; 0 = none)."""
+    """The global entry: the collection revision the index reflects and the change-log position (nanoseconds
+    of the newest change record applied; 0 = none). Documents' hashes are per document (`versions_of`)."""
 
-    versions: dict[str, str] = field(default_factory=dict)
     revision: str | None = None
     log_at: int = 0
+
+
+@dataclass
+class Written:
+    """What one `apply` wrote: index entries added (chunks + stand-alone state entries + the global one) and
+    the bytes of state among them (keys, hashes, the global entry). Tests and benchmarks read it to show a
+    catch-up's writes follow the change, not the corpus."""
+
+    chunks: int = 0
+    entries: int = 0
+    state_bytes: int = 0
 
 
 @dataclass
@@ -141,6 +168,9 @@ def _schema() -> Any:
     sb.add_text_field("body", stored=False, tokenizer_name="whitespace", index_option="freq")
     sb.add_bytes_field("text", stored=True)
     sb.add_bytes_field("meta", stored=True)
+    sb.add_text_field("sdoc", stored=True, tokenizer_name="raw")   # the document whose state this entry holds
+    sb.add_bytes_field("ver", stored=True)                          # ... and its content hash
+    sb.add_text_field("role", stored=False, tokenizer_name="raw")  # "state" on holders; + "alone" if chunkless
     return sb.build()
 
 
@@ -161,9 +191,10 @@ class KeywordIndex:
         self._index = tantivy.Index(_schema(), path=None if path is None else str(path), reuse=True)
         self._stamp = self._commit_stamp()
         self._refresh()
+        self.written = Written()
         pairs = [(str(ch.metadata.get("source_document", ch.id)), ch) for ch in chunks]
         if pairs:
-            self.apply([], pairs, IndexState(versions={doc: "" for doc, _ in pairs}))
+            self.apply([], pairs, IndexState(), {doc: "" for doc, _ in pairs})
 
     @classmethod
     def open(cls, path: Path, weights: tuple[int, int]) -> "KeywordIndex":
@@ -182,7 +213,7 @@ class KeywordIndex:
 
     def reload(self) -> None:
         """See the newest commit (another process's catch-up, or our own). Every commit replaces meta.json, so
-        an unchanged one means nothing to reload (reading the state entry costs ~0.1 s at 100k documents)."""
+        an unchanged one means nothing to reload (a reload reads one small global entry)."""
         stamp = self._commit_stamp()
         if stamp is not None and stamp == self._stamp:
             return
@@ -207,8 +238,39 @@ class KeywordIndex:
         if not hits:
             return IndexState()
         raw = json.loads(searcher.doc(hits[0][1])["meta"][0].decode("utf-8"))
-        return IndexState(versions=dict(raw["versions"]), revision=raw.get("revision"),
-                          log_at=int(raw.get("log_at", 0)))
+        return IndexState(revision=raw.get("revision"), log_at=int(raw.get("log_at", 0)))
+
+    def versions_of(self, documents: Iterable[str]) -> dict[str, str]:
+        """{document: content hash} of the named documents the index holds (a catch-up from the log: reads
+        only their state, whatever the corpus size)."""
+        import tantivy
+
+        docs = sorted(set(documents))
+        if not docs:
+            return {}
+        return self._versions(tantivy.Query.term_set_query(self._index.schema, "sdoc", docs), len(docs))
+
+    def all_versions(self) -> dict[str, str]:
+        """{document: content hash} of every document the index holds: the full diff's side (the rare path;
+        one stored entry read per document, ~0.7 s per 100k documents)."""
+        import tantivy
+
+        q = tantivy.Query.term_query(self._index.schema, "role", "state")
+        return self._versions(q, self._searcher.num_docs)
+
+    def _versions(self, query: Any, limit: int) -> dict[str, str]:
+        searcher = self._searcher
+        out = {}
+        for _, addr in searcher.search(query, limit=max(1, limit)).hits:
+            doc = searcher.doc(addr)
+            out[doc["sdoc"][0]] = doc["ver"][0].decode("utf-8")
+        return out
+
+    def _count(self, field_name: str, value: str) -> int:
+        import tantivy
+
+        q = tantivy.Query.term_query(self._index.schema, field_name, value)
+        return int(self._searcher.search(q, limit=1, count=True).count)
 
     def check(self) -> None:
         """Read every segment's term dictionary and postings once: a truncated or altered file raises here,
@@ -223,15 +285,30 @@ class KeywordIndex:
         searcher.search(tantivy.Query.all_query(), limit=1, count=True)
 
     def __len__(self) -> int:
-        return self._searcher.num_docs - int(self.has_state)
+        """Chunks held (state entries are not chunks)."""
+        return self._searcher.num_docs - int(self.has_state) - self._count("role", "alone")
 
     # -- writing -------------------------------------------------------------------------------
-    def _document(self, ch: Chunk, doc: str) -> Any:
+    def _document(self, ch: Chunk, doc: str, version: str | None = None) -> Any:
+        """A chunk's entry; with `version`, it also holds its document's state (module docstring)."""
         import tantivy
 
         body = " ".join(self.tokens(ch))
         meta = json.dumps(ch.metadata, ensure_ascii=False).encode("utf-8")
-        return tantivy.Document(id=ch.id, doc=doc, body=body, text=ch.text.encode("utf-8"), meta=meta)
+        entry = tantivy.Document(id=ch.id, doc=doc, body=body, text=ch.text.encode("utf-8"), meta=meta)
+        if version is not None:
+            entry.add_text("sdoc", doc)
+            entry.add_bytes("ver", version.encode("utf-8"))
+            entry.add_text("role", "state")
+        return entry
+
+    @staticmethod
+    def _alone(doc: str, version: str) -> Any:
+        """The state entry of a document with no visible chunk (no body: never matches a query)."""
+        import tantivy
+
+        return tantivy.Document(id=_ALONE_PREFIX + doc, doc=doc, sdoc=doc, ver=version.encode("utf-8"),
+                                role=["state", "alone"])
 
     def tokens(self, ch: Chunk) -> list[str]:
         words = keyword_words(index_text(ch, self.weights))
@@ -242,34 +319,60 @@ class KeywordIndex:
             self._stem_cache.update(zip(todo, stemmer().stemWords(todo)))
         return [self._stem_cache[w] for w in words]
 
-    def apply(self, documents: Iterable[str], chunks: Iterable[tuple[str, Chunk]], state: IndexState, *,
-              replace_all: bool = False) -> int:
-        """One commit: every chunk of each of `documents` deleted (or of every document, `replace_all`), then
-        `chunks` ((document, chunk) pairs, streamed) added and the state entry replaced. Returns the chunks
-        added. Deletes come first because tantivy applies a delete to everything added before it in the
-        commit. Idempotent, so a catch-up killed before the commit is simply run again (none of it was
-        published: tantivy writes segments but only the commit's meta.json names them)."""
-        import tantivy
-
+    def apply(self, documents: Iterable[str], chunks: Iterable[tuple[str, Chunk]], state: IndexState,
+              versions: dict[str, str] | None = None, *, replace_all: bool = False) -> Written:
+        """One commit: every entry of each of `documents` deleted, chunks and state alike (or every entry,
+        `replace_all`), then `chunks` ((document, chunk) pairs, streamed) added, each document of `versions`
+        given its state (on its first chunk, or alone), and the global entry replaced. Deletes come first
+        because tantivy applies a delete to everything added before it in the commit. Idempotent, so a
+        catch-up killed before the commit is simply run again (none of it was published: tantivy writes
+        segments but only the commit's meta.json names them). Without `versions` (benchmarks of the engine
+        alone) no document gets a state entry."""
+        versions = versions or {}
         writer = self._index.writer(heap_size=WRITER_HEAP_BYTES, num_threads=1)
-        added = 0
+        written = Written()
         try:
             if replace_all:
                 writer.delete_all_documents()
             for doc in documents:
                 writer.delete_documents_by_term("doc", doc)
-            for doc, ch in chunks:
-                writer.add_document(self._document(ch, doc))
-                added += 1
-            writer.delete_documents_by_term("id", STATE_ID)
-            raw = {"versions": state.versions, "revision": state.revision, "log_at": state.log_at}
-            writer.add_document(tantivy.Document(id=STATE_ID, doc=_STATE_DOC,
-                                                 meta=json.dumps(raw, sort_keys=True).encode("utf-8")))
+            held = self._add_chunks(writer, chunks, versions, written)
+            for doc in sorted(versions.keys() - held):
+                writer.add_document(self._alone(doc, versions[doc]))
+                written.entries += 1
+                written.state_bytes += len(doc) + len(versions[doc])
+            self._replace_global(writer, state, written)
             writer.commit()
         finally:
             writer.wait_merging_threads()  # releases tantivy's writer lock for the next catch-up (any process)
+        self.written = written
         self.reload()
-        return added
+        return written
+
+    def _add_chunks(self, writer: Any, chunks: Iterable[tuple[str, Chunk]], versions: dict[str, str],
+                    written: Written) -> set[str]:
+        """Add the chunks, the first of each document of `versions` holding its state; returns those documents."""
+        held: set[str] = set()
+        for doc, ch in chunks:
+            version = versions.get(doc) if doc not in held else None
+            writer.add_document(self._document(ch, doc, version))
+            if version is not None:
+                held.add(doc)
+                written.state_bytes += len(doc) + len(version)
+            written.entries += 1
+            written.chunks += 1
+        return held
+
+    @staticmethod
+    def _replace_global(writer: Any, state: IndexState, written: Written) -> None:
+        import tantivy
+
+        writer.delete_documents_by_term("id", STATE_ID)
+        raw = json.dumps({"revision": state.revision, "log_at": state.log_at, "layout": ANALYZER_VERSION},
+                         sort_keys=True).encode("utf-8")
+        writer.add_document(tantivy.Document(id=STATE_ID, doc=_STATE_DOC, meta=raw))
+        written.entries += 1
+        written.state_bytes += len(raw)
 
     # -- querying ------------------------------------------------------------------------------
     def stem(self, word: str) -> str:

@@ -2,8 +2,9 @@
 
 Where: one tantivy index per Chroma collection, `persist_folder(c, col)/tantivy-w<title>.<keywords>-a<version>`
 (inside an embedded store; for a Chroma server under the user's cache, one folder per server), shared by every
-process on the machine. Its state entry (search/keyword_index.py) says which content hash of each document it
-holds, the collection revision it reflects and the change-log position it applied, committed with the chunks.
+process on the machine. Its state (search/keyword_index.py) says, per document, which content hash it holds
+(on the document's own entries), and in one small global entry the collection revision it reflects and the
+change-log position it applied, committed with the chunks.
 
 When: a query reads the collection's revision (storage/registry.py, bumped by every write of any process); if
 the index's state names another, the index catches up before it answers:
@@ -13,9 +14,12 @@ the index's state names another, the index catches up before it answers:
      revision (else some write is not in it: a bump by `doctor`, a writer of an older version) and it reaches
      back to the position (records are kept CHANGE_LOG_SECONDS); otherwise every manifest is compared with the
      state (`full diff`, one registry read). An index with no state is built from a full scan.
-  2. of those, the documents whose manifest content hash differs from the state's; their chunks are deleted
-     from the index and their current visible chunks added (fetched from Chroma by id: the manifest gives the
-     ids), with the new state, in one commit. A catch-up costs what changed: one document, ~0.1 s at 100k.
+  2. of those, the documents whose manifest content hash differs from the index's (`versions_of`: only the
+     named documents' state is read; the full diff reads every document's, `all_versions`); their entries
+     are deleted from the index and their current visible chunks added (fetched from Chroma by id: the
+     manifest gives the ids), with their new state and the new global entry, in one commit. A catch-up
+     reads and writes what changed, whatever the corpus size: one document writes one chunk and ~200 bytes
+     of state (`CatchUp.state_bytes`; layout 2 rewrote every document's hash, ~9 MB at 100k documents).
 Why it is correct after anything: the update of a document ("delete its chunks, add its current version's") is
 idempotent and judged against the manifests themselves, so it holds for writes by this process, other
 processes, other machines on a Chroma server, and after kill -9 anywhere (a catch-up killed before its commit
@@ -28,8 +32,10 @@ OS if the process dies); another process that finds it taken answers from the la
 at the current revision, and otherwise waits (polling, up to CATCH_UP_WAIT_SECONDS) for it to get there or for
 the lock. Readers never lock: they `reload()` after a commit. A folder that does not open or read back
 (truncated, altered, garbage) is removed under the lock and rebuilt, with a warning; a folder that cannot be
-written at all (read-only store) leaves the process an in-memory index, caught up the same way. The bm25s
-indexes this replaced (`<revision>-w2.3-a1-bm25s0.3.16` folders) are removed on first open.
+written at all (read-only store) leaves the process an in-memory index, caught up the same way. Older layouts
+are removed on first open and the index built again (once per collection): the bm25s indexes
+(`<revision>-w2.3-a1-bm25s0.3.16` folders) and tantivy folders of an older analyzer/layout version
+(`tantivy-w2.3-a2`, one state entry with every document's hash), with their lock files.
 """
 
 from __future__ import annotations
@@ -85,18 +91,23 @@ _catch_up_locks: dict[tuple[str, str, tuple[int, int]], threading.Lock] = {}
 
 #: The bm25s design's saved folders and half-written saves (removed on first open), and Chroma collection ids.
 _OLD_BM25S = re.compile(r"[\w.-]+-w\d+\.\d+-a\d+-bm25s[\w.+-]+|\.tmp-[0-9a-f]{32}")
+#: tantivy index folders (and their lock files) by analyzer/layout version: older ones are removed.
+_TANTIVY = re.compile(r"tantivy-w\d+\.\d+-a(\d+)(\.lock)?")
 _COLLECTION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @dataclass
 class CatchUp:
-    """One catch-up: how it found the documents ("build", "log" or "diff"), which it updated, chunks added."""
+    """One catch-up: how it found the documents ("build", "log" or "diff"), which it updated, chunks added,
+    index entries and bytes of state written (keyword_index.Written)."""
 
     collection: str
     mode: str
     documents: list[str] = field(default_factory=list)
     chunks: int = 0
     seconds: float = 0.0
+    entries: int = 0
+    state_bytes: int = 0
 
 
 def index_path(folder: Path, weights: tuple[int, int]) -> Path:
@@ -163,11 +174,19 @@ def open_index(folder: Path, weights: tuple[int, int]) -> KeywordIndex:
 
 
 def remove_old_indexes(folder: Path) -> None:
-    """Remove the bm25s design's saved indexes in `folder`: real folders with those names only, never through a
-    symlink (a user who moved the folder elsewhere, or keeps other files beside ours, loses nothing)."""
+    """Remove older layouts' saved indexes in `folder` (the bm25s design's, tantivy folders of an older
+    analyzer version and their lock files): entries with those names only, never through a symlink (a user
+    who moved the folder elsewhere, or keeps other files beside ours, loses nothing). A newer version's
+    folder is left alone (a newer process may be using it)."""
     for entry in folder.iterdir():
-        if _OLD_BM25S.fullmatch(entry.name) and not entry.is_symlink() and entry.is_dir():
+        old = _TANTIVY.fullmatch(entry.name)
+        if entry.is_symlink() or not (_OLD_BM25S.fullmatch(entry.name) or (old and int(old[1]) < ANALYZER_VERSION)):
+            continue
+        if entry.is_dir():
+            log.info("removing the keyword index of an older layout: %s", entry)
             shutil.rmtree(entry, ignore_errors=True)
+        elif entry.is_file():
+            entry.unlink(missing_ok=True)
 
 
 class _file_lock:
@@ -248,31 +267,31 @@ def _build(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str,
             if chunk_pages.is_visible(meta, current):
                 yield str(meta.get("source_document")), Chunk(cid, text, meta)
 
-    added = index.apply([], visible(), IndexState(current, rev, started), replace_all=True)
-    return CatchUp(collection, "build", sorted(current), added)
+    written = index.apply([], visible(), IndexState(rev, started), current, replace_all=True)
+    return CatchUp(collection, "build", sorted(current), written.chunks, entries=written.entries,
+                   state_bytes=written.state_bytes)
 
 
 def _update(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:
-    """The documents that may have changed (from the log, else all), those whose hash differs, re-applied."""
+    """The documents that may have changed (from the log, else all), those whose hash differs, re-applied:
+    only their state is read (from the log) and only theirs written, so the cost follows the change."""
     state = index.state
     from_log = _logged_documents(store, collection, state, rev, started)
     if from_log is None:
         mode, manifests, log_at = "diff", _manifests(store, collection), started
-        candidates = set(manifests) | set(state.versions)
+        held = index.all_versions()
+        candidates = set(manifests) | set(held)
     else:
         mode, (candidates, log_at) = "log", from_log
         manifests = _manifests(store, collection, candidates)
+        held = index.versions_of(candidates)
     targets = sorted(d for d in candidates
-                     if (manifests[d]["content_hash"] if d in manifests else None) != state.versions.get(d))
-    versions = dict(state.versions)
-    for d in targets:
-        if d in manifests:
-            versions[d] = manifests[d]["content_hash"]
-        else:
-            versions.pop(d, None)
-    added = index.apply(targets, _current_chunks(col, collection, [manifests[d] for d in targets if d in manifests]),
-                        IndexState(versions, rev, max(log_at, state.log_at)))
-    return CatchUp(collection, mode, targets, added)
+                     if (manifests[d]["content_hash"] if d in manifests else None) != held.get(d))
+    versions = {d: manifests[d]["content_hash"] for d in targets if d in manifests}
+    written = index.apply(targets, _current_chunks(col, collection, [manifests[d] for d in versions]),
+                          IndexState(rev, max(log_at, state.log_at)), versions)
+    return CatchUp(collection, mode, targets, written.chunks, entries=written.entries,
+                   state_bytes=written.state_bytes)
 
 
 def _logged_documents(store: Any, collection: str, state: IndexState, rev: str,
