@@ -78,3 +78,20 @@ def test_registry_keys_keep_the_format_stores_were_written_with(container):
         rev = c.store.bump_revision("notes")
     assert c.store.registry_get(["revision:notes"])["revision:notes"]["revision"] == rev
 
+
+
+def test_change_records_are_read_per_collection_and_expire_for_all(container, monkeypatch):
+    """changes_since selects by record and time and keeps the collection's own records by key (a Chroma filter
+    on `collection` scanned its manifests: 0.4 s per catch-up at 100k documents); expired records of every
+    collection are pruned by any write."""
+    store = container.store
+    store.log_change("alpha", ["a.md"])
+    store.log_change("alpha-2", ["b.md"])  # a name that starts like the other must not be mixed in
+    store.log_change("beta", ["c.md"])
+    assert [r["documents"] for r in store.changes_since("alpha", 0)] == [["a.md"]]
+    assert [r["documents"] for r in store.changes_since("beta", 0)] == [["c.md"]]
+    monkeypatch.setattr(registry, "CHANGE_LOG_SECONDS", 0)
+    time.sleep(0.01)
+    store.log_change("gamma", ["d.md"])
+    assert store.changes_since("alpha", 0) == [] and store.changes_since("beta", 0) == []
+    assert [r["documents"] for r in store.changes_since("gamma", 0)] == [["d.md"]]
