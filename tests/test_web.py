@@ -96,6 +96,11 @@ class Handler(BaseHTTPRequestHandler):
                     time.sleep(0.25)
             except OSError:
                 pass
+        elif self.path == "/latin1.html":
+            body = ("<html><head><title>Menu</title></head><body><article><h1>Menu</h1><p>" + "Café naïve résumé "
+                    "with crème brûlée for dessert, served every day after lunch in the garden. " * 3
+                    + "</p></article></body></html>").encode("latin-1")
+            self._send(200, body, "text/html; charset=iso-8859-1")
         elif self.path == "/binary":
             self._send(200, b"\x00\x01\x02", "application/octet-stream")
         else:
@@ -189,6 +194,12 @@ def test_oversized_slow_and_foreign_pages_fail_with_their_reason(kb, site):
 @pytest.mark.parametrize("url,fragment", [
     ("ftp://127.0.0.1/file", "Only http and https"),
     ("http://user:secret@127.0.0.1/page.html", "credentials"),
+    # outside tester (A2): each of these showed the password in the reason or the echoed url
+    ("http://user:secret@127.0.0.1:99999/", "Not a valid URL"),
+    ("ftp://user:secret@127.0.0.1/", "Only http and https"),
+    ("http://user:secret/pw4@127.0.0.1/", ""),
+    ("http://user:p@secret@127.0.0.1/", "credentials"),
+    (" http://user:secret@127.0.0.1/", "credentials"),
     ("http://127.0.0.1:99999/", "Not a valid URL"),
     ("http://127.0.0.1/" + "a" * 3000, "the limit is 2048"),
     ("", "empty"),
@@ -272,3 +283,53 @@ async def test_mcp_ingest_documents_takes_a_url_on_the_same_library_call(site, f
     assert refused.structured_content["failed"] == 1 and "not allowed" in refused.structured_content["results"][0][
         "reason"]
     assert "Deploying the widget service" in result.content[0].text
+
+
+@pytest.mark.parametrize("address", ["100.64.0.1", "[64:ff9b::7f00:1]", "[::ffff:10.0.0.1]", "0.0.0.0",
+                                     "[::]", "224.0.0.1", "198.18.0.1"])
+def test_shared_nat64_and_reserved_addresses_are_internal(address):
+    """Outside tester (A4): with `*` allowed, 100.64.0.1 (CGNAT, Tailscale) and 64:ff9b::7f00:1 (NAT64 for
+    127.0.0.1) passed: `is_private` does not cover them."""
+    with pytest.raises(ConfigError, match="internal address"):
+        web.check_url(f"http://{address}/", ["*"])
+    assert web.check_url("http://93.184.216.34/", ["*"])  # a public address literal stays allowed under "*"
+
+
+def test_a_server_that_trickles_its_headers_is_cut_at_the_whole_fetch_deadline(kb):
+    """Outside tester (A4): one header line a second kept a fetch (and the MCP call, and the store's read gate
+    other processes' writes wait for) going for 120 s with url_timeout 8: httpx's timeouts are per read."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = server.accept()
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        while not stop.is_set():
+            try:
+                conn.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                break
+            time.sleep(0.5)
+        conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    kb.settings.url_timeout = 2.0
+    start = time.monotonic()
+    try:
+        (r,) = web.add_urls(kb, "web", [f"http://127.0.0.1:{server.getsockname()[1]}/"]).results
+    finally:
+        stop.set()
+        server.close()
+    assert r.status == "failed" and "within 2 s" in r.reason
+    assert time.monotonic() - start < 30  # a bound against the old behaviour (minutes), not a timing goal
+
+
+def test_a_page_is_read_in_its_declared_charset(kb, site):
+    """Outside tester (A2): a Latin-1 page was decoded as UTF-8 and stored as "Caf\ufffd na\ufffdve"."""
+    (r,) = web.add_urls(kb, "web", [f"{site}/latin1.html"]).results
+    text = "\n".join(_chunks(kb, r.document))
+    assert r.status == "added" and "Café naïve résumé" in text and "\ufffd" not in text

@@ -25,7 +25,6 @@ import ipaddress
 import logging
 import re
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,6 +79,7 @@ class Page:
     content_type: str
     body: bytes
     fetched_at: str
+    charset: str | None = None  # from the Content-Type header
 
 
 def normalise(url: str) -> str:
@@ -108,9 +108,11 @@ def check_url(url: Any, allowed: list[str]) -> str:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError as exc:
-        raise DocumentError(f"Not a valid URL: {url[:200]!r} ({exc})", guidance="Pass an http(s) URL.") from None
+        why = "" if "@" in url else f" ({exc})"  # urllib's reason quotes the part it read as a port: a password
+        raise DocumentError(f"Not a valid URL: {_redacted(url)[:200]!r}{why}",
+                            guidance="Pass an http(s) URL.") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise DocumentError(f"Only http and https URLs are fetched, not {url[:200]!r}",
+        raise DocumentError(f"Only http and https URLs are fetched, not {_redacted(url)[:200]!r}",
                             guidance="Pass an http(s) URL; add local files with kb add-document.")
     if parts.username or parts.password:
         raise DocumentError("URLs with credentials are refused (they would be stored and shown as the source)",
@@ -149,56 +151,83 @@ def _check_address(host: str, allowed: list[str]) -> None:
         addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
     for addr in addresses:
         # "*" does not reach these: 169.254.169.254 (cloud metadata) or a local admin port stay closed unless named.
-        if (addr.is_loopback or addr.is_private or addr.is_link_local or addr.is_unspecified) \
-                and str(addr) not in named:
+        if _internal(addr) and str(addr) not in named:
             raise ConfigError(f"{host[:200]!r} resolves to the internal address {addr}; it is not fetched",
                               guidance=f"Allow {addr} itself in RESEARCH_AGENT_URL_ALLOWED_HOSTS if this is "
                                        "intended.", host=host[:200])
 
 
+#: IPv6 prefixes that carry an IPv4 address in their last 32 bits (NAT64, RFC 6052 and 8215).
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+
+
+def _internal(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Not a public address: loopback, private, link-local, shared (100.64.0.0/10, CGNAT/Tailscale), reserved,
+    unspecified, multicast — `is_global` is false for each; `is_private` missed 100.64/10 (outside tester) —
+    or an IPv6 form of one (IPv4-mapped ::ffff:a.b.c.d, NAT64 64:ff9b::a.b.c.d)."""
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return _internal(addr.ipv4_mapped)
+        if any(addr in net for net in _NAT64):
+            return _internal(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+    return not addr.is_global or addr.is_multicast
+
+
 def fetch(url: str, *, allowed: list[str], max_bytes: int, timeout: float) -> Page:
-    """GET `url` within the bounds (module docstring); redirects are followed by hand so each hop is checked."""
+    """GET `url` within the bounds (module docstring); redirects are followed by hand so each hop is checked.
+
+    `timeout` bounds the whole fetch, headers included: httpx's timeouts are per read, so a server sending one
+    header line a second held an MCP call (and the store's read gate, which other processes' writes wait for)
+    for minutes (outside tester). The fetch runs as a coroutine under one deadline instead."""
+    import asyncio
+
+    try:
+        return asyncio.run(asyncio.wait_for(_fetch(url, allowed, max_bytes, timeout), timeout))
+    except TimeoutError:
+        raise DocumentError(f"{_redacted(url)[:200]} did not answer within {timeout:g} s",
+                            guidance="Retry, or raise RESEARCH_AGENT_URL_TIMEOUT.") from None
+
+
+async def _fetch(url: str, allowed: list[str], max_bytes: int, timeout: float) -> Page:
     import httpx
 
-    deadline = time.monotonic() + timeout
     current = url
-    with httpx.Client(follow_redirects=False, timeout=httpx.Timeout(timeout),
-                      headers={"User-Agent": _USER_AGENT, "Accept": ", ".join(_PARSERS)}) as client:
+    async with httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(timeout),
+                                 headers={"User-Agent": _USER_AGENT, "Accept": ", ".join(_PARSERS)}) as client:
         for _ in range(MAX_REDIRECTS + 1):
             check_url(current, allowed)
             try:
-                with client.stream("GET", current) as resp:
+                async with client.stream("GET", current) as resp:
                     if resp.is_redirect:
                         current = urljoin(current, resp.headers.get("location", ""))
                         continue
                     if resp.status_code >= 400:
                         raise DocumentError(f"{current[:200]} answered HTTP {resp.status_code}",
                                             guidance="Check the URL.", status=resp.status_code)
-                    body = _read_bounded(resp, max_bytes, deadline, current)
+                    body = await _read_bounded(resp, max_bytes, current)
                     kind = resp.headers.get("content-type", "").split(";")[0].strip().lower()
-                    return Page(url, current, kind, body, _now())
+                    return Page(url, current, kind, body, _now(), resp.charset_encoding)
             except httpx.TimeoutException:
                 raise DocumentError(f"{current[:200]} did not answer within {timeout:g} s",
                                     guidance="Retry, or raise RESEARCH_AGENT_URL_TIMEOUT.") from None
             except httpx.HTTPError as exc:
                 raise DocumentError(f"Cannot fetch {current[:200]}: {type(exc).__name__}: {str(exc)[:200]}",
                                     guidance="Check the URL and the network.") from None
-    raise DocumentError(f"{url[:200]} redirected more than {MAX_REDIRECTS} times", guidance="Pass the final URL.")
+    raise DocumentError(f"{_redacted(url)[:200]} redirected more than {MAX_REDIRECTS} times",
+                        guidance="Pass the final URL.")
 
 
-def _read_bounded(resp: Any, max_bytes: int, deadline: float, url: str) -> bytes:
+async def _read_bounded(resp: Any, max_bytes: int, url: str) -> bytes:
+    """The body, refused past `max_bytes` of DECODED bytes (a gzip bomb is counted as it inflates)."""
     declared = resp.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
+    if declared.isdigit() and int(declared) > max_bytes and not resp.headers.get("content-encoding"):
         raise DocumentError(f"{url[:200]} is {int(declared)} bytes; the limit is {max_bytes}",
                             guidance="Raise RESEARCH_AGENT_URL_MAX_MB to fetch it.")
     out = bytearray()
-    for block in resp.iter_bytes():
+    async for block in resp.aiter_bytes():
         out += block
         if len(out) > max_bytes:
             raise DocumentError(f"{url[:200]} is over {max_bytes} bytes", guidance="Raise RESEARCH_AGENT_URL_MAX_MB.")
-        if time.monotonic() > deadline:
-            raise DocumentError(f"{url[:200]} took longer than the time limit to send",
-                                guidance="Retry, or raise RESEARCH_AGENT_URL_TIMEOUT.")
     return bytes(out)
 
 
@@ -230,7 +259,7 @@ def _main_content(page: Page) -> tuple[str | None, str | None]:
     """trafilatura's main content as Markdown, and the page title (None, None when it finds nothing)."""
     import trafilatura
 
-    html = page.body.decode("utf-8", "replace")
+    html = _decoded(page)
     try:
         text = trafilatura.extract(html, url=page.final_url, output_format="markdown", include_tables=True,
                                    include_comments=False, include_links=False, favor_precision=True)
@@ -240,6 +269,22 @@ def _main_content(page: Page) -> tuple[str | None, str | None]:
         return None, None
     title = getattr(meta, "title", None) if meta is not None else None
     return (_tidy(clean_text(text)) if text and text.strip() else None), title
+
+
+def _decoded(page: Page) -> str:
+    """The page's text in its declared charset (header, else `<meta charset>`), else UTF-8: a Latin-1 page read
+    as UTF-8 showed "Caf\ufffd" (outside tester)."""
+    import codecs
+
+    charset = page.charset
+    if not charset:
+        found = re.search(rb"""<meta[^>]+charset=["']?([\w.:-]{1,40})""", page.body[:4096], re.IGNORECASE)
+        charset = found.group(1).decode("ascii") if found else None
+    try:
+        codecs.lookup(charset or "utf-8")
+    except LookupError:
+        charset = None
+    return page.body.decode(charset or "utf-8", "replace")
 
 
 def _tidy(markdown: str) -> str:
@@ -281,8 +326,9 @@ def _add_one(c: Container, collection: str, url: Any) -> UrlResult:
 
 
 def _redacted(url: str) -> str:
-    """The URL without a password, for reports and logs (a refused URL is echoed back in the report)."""
-    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1***@", url)
+    """The URL without its user part, for reports, reasons and logs: everything between `://` and the LAST `@`
+    (a password may hold `/` or `@`, and a leading space hid one from an anchored pattern; outside tester)."""
+    return re.sub(r"^(\s*[a-zA-Z][\w+.-]*://).*@", r"\1***@", url, flags=re.DOTALL)
 
 
 def _fetch_and_write(c: Container, collection: str, url: str) -> UrlResult:
