@@ -86,16 +86,19 @@ def test_oversized_container_split_into_members(name, budget, expected):
     assert expected <= {p.symbol_path for p in chunks(name, budget)}
 
 
-def test_split_class_members_open_with_the_class_signature_and_docstring():
+def test_split_class_members_are_named_by_their_class_and_hold_only_their_own_lines():
+    """A class too big for one chunk is split into its members; each piece's text is exactly its line range
+    (kb get places it there: repeated class lines showed `class Warehouse` where the file has `def restock`,
+    found by an outside tester) and its symbol path names the class for the embedding."""
+    text = (CODE / "inventory.py").read_text().split("\n")
     pieces = chunks("inventory.py", 120)
     restock = next(p for p in pieces if p.symbol_path == "inventory > Warehouse > restock")
-    assert restock.text.startswith('class Warehouse(dict):\n    """Stock levels by SKU, with the reorder rule')
-    assert "    def restock(self, sku: str, units: int) -> int:" in restock.text
+    assert restock.text.lstrip().startswith("def restock(self, sku: str, units: int) -> int:")
     assert (restock.line_start, restock.line_end) == (28, 31)
+    assert restock.text == "\n".join(text[27:31])
     nested = next(p for p in chunks("inventory.py", 60)
                   if p.symbol_path == "inventory > Warehouse > Audit > discrepancies")
-    assert nested.text.startswith("class Warehouse(dict):")
-    assert "    class Audit:" in nested.text and "def discrepancies(" in nested.text
+    assert "def discrepancies(" in nested.text and "class Warehouse" not in nested.text
     header = next(p for p in pieces if p.symbol_path == "inventory > Warehouse")
     assert header.text.startswith("class Warehouse(dict):") and 'currency = "EUR"' in header.text
 
@@ -115,12 +118,12 @@ def test_signatures_decorators_docstrings_and_doc_comments_stay_with_their_defin
     assert js["routes > matchPath"].text.startswith("/** Match a request path")
 
 
-def test_oversized_function_split_by_lines_with_its_signature_repeated():
+def test_oversized_function_split_by_lines_under_its_symbol_path():
     pieces = [p for p in chunks("inventory.py", 72) if p.symbol_path == "inventory > cheapest"]
     assert len(pieces) >= 2
     assert pieces[0].text.startswith("def cheapest(parts: list[Part]) -> Part | None:")
     for piece in pieces[1:]:
-        assert piece.text.startswith("def cheapest(parts: list[Part]) -> Part | None:\n")
+        assert not piece.text.startswith("def cheapest(")  # its own lines only; the path names the function
         assert piece.line_start > pieces[0].line_start
     assert [p.line_start for p in pieces[1:]] == [p.line_end + 1 for p in pieces[:-1]]
 
