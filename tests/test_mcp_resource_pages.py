@@ -91,6 +91,27 @@ async def test_every_knowledge_file_is_readable_through_next_uri(fake_embedder):
     assert sorted(uris) == sorted(f"knowledge://knw/kb/{k}" for k in keys) and pages >= 2
 
 
+async def test_listed_knowledge_uris_read_back_even_for_records_and_odd_names(fake_embedder):
+    """Outside tester (A4): a records document (`recs.jsonl#r1`) was listed as knowledge://docs/recs.jsonl#r1,
+    and reading that uri answered "No document 'recs.jsonl'": `#` starts a fragment. Listed uris are
+    percent-escaped now, and each one reads back its own document."""
+    folder = Path.cwd() / "odd"
+    folder.mkdir()
+    (folder / "what? a note #1.md").write_text("# Odd name\n\nA note with an odd file name.\n", encoding="utf-8")
+    (folder / "recs.jsonl").write_text('{"id": "r1", "text": "Track a parcel."}\n', encoding="utf-8")
+    async with Client(mcp_server.mcp) as client:
+        await client.call_tool("manage_collections", {"action": "create", "collection_name": "oddk"})
+        await client.call_tool("ingest_documents", {"path": str(folder / "what? a note #1.md"),
+                                                    "collection": "oddk"})
+        await client.call_tool("ingest_documents", {"path": str(folder / "recs.jsonl"), "collection": "oddk",
+                                                    "records": {"id_field": "id", "text_fields": ["text"]}})
+        listed, _ = await _read_all(client, "research://knowledge", "resources")
+        assert len(listed) == 2
+        for entry in listed:
+            text = (await client.read_resource(entry["uri"]))[0].text
+            assert ("odd file name" in text) or ("Track a parcel" in text), (entry["uri"], text[:200])
+
+
 async def test_resource_templates_offer_the_cursor():
     async with Client(mcp_server.mcp) as client:
         templates = {t.uriTemplate for t in await client.list_resource_templates()}

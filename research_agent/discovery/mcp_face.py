@@ -9,6 +9,7 @@ stays in node_index.py.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
@@ -84,7 +85,10 @@ def list_knowledge_resources(c: Container, *, limit: int | None = None,
     def view(item: tuple[NodeIndex, str, list[str]]) -> KnowledgeResource:
         ix, path, nids = item
         meta = _file_metadata(ix, path, [ix.nodes[n] for n in nids])
-        return KnowledgeResource(uri=f"knowledge://{ix.collection}/{path}", name=meta["title"], metadata=meta)
+        # Percent-escaped: a records key (`tools.jsonl#t1`) or a `?` in a file name made the listed uri unreadable
+        # (`#` starts a fragment; outside tester). Template matching decodes it back.
+        return KnowledgeResource(uri=f"knowledge://{ix.collection}/{quote(path, safe='/')}", name=meta["title"],
+                                 metadata=meta)
 
     shown, page = paginate(files, lambda f: f"{f[0].collection}\n{f[1]}", "knowledge", view,
                            limit=limit, cursor=cursor)
