@@ -333,3 +333,21 @@ def test_a_page_is_read_in_its_declared_charset(kb, site):
     (r,) = web.add_urls(kb, "web", [f"{site}/latin1.html"]).results
     text = "\n".join(_chunks(kb, r.document))
     assert r.status == "added" and "Café naïve résumé" in text and "\ufffd" not in text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_mcp_refuses_other_schemes_and_a_url_with_records(fake_embedder, no_warmup, anyio_backend):
+    """Outside tester (A4): `ftp://...` as ingest_documents' path was refused as "outside the allowed roots",
+    and a `records` mapping beside a URL was silently ignored."""
+    from fastmcp import Client
+    from mcp.shared.exceptions import MCPError
+
+    import mcp_server
+
+    async with Client(mcp_server.mcp) as client:
+        await client.call_tool("manage_collections", {"action": "create", "collection_name": "web"})
+        for args in ({"path": "ftp://127.0.0.1/file.md"},
+                     {"path": "http://127.0.0.1/x.jsonl", "records": {"id_field": "id", "text_fields": ["t"]}}):
+            with pytest.raises(MCPError, match="Only http"):
+                await client.call_tool("ingest_documents", {**args, "collection": "web"})

@@ -4,6 +4,7 @@ listed, read, removed, re-embedded and pruned (research_agent/ingest/, research_
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -13,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from research_agent.catalog.common import Deleted
 from research_agent.catalog.notes import AugmentResult
+from research_agent.errors import DocumentError
 from research_agent.ingest.documents import DocumentContent, DocumentList
 from research_agent.ingest.records import RecordsReport
 from research_agent.ingest.service import IngestReport
@@ -63,6 +65,11 @@ async def ingest_documents(
     c = container(ctx)
     roots = c.settings.resolved_allowed_roots()
     url = path.strip().lower().startswith(("http://", "https://"))
+    if url and records is not None or re.match(r"\s*[a-zA-Z][\w+.-]*://", path) and not url:
+        # An ftp:// path was refused as "outside the allowed roots", and a records mapping beside a URL was
+        # silently ignored (outside tester): say what is wrong instead.
+        raise DocumentError("Only http(s) URLs are fetched, and a URL is a web page, never a records file",
+                            guidance="Pass a file or folder path, or an http(s) URL without `records`.")
     if create:
         await INGEST.write(ctx, _create_for, c, path, collection, url=url, allowed_roots=roots)
     job = {"collection": collection, "path": path}
