@@ -13,7 +13,7 @@ import pytest
 from conftest import make_node
 from research_agent import discovery
 from research_agent.discovery import ranking, scoring
-from research_agent.discovery.direction import direction, split_sides, tool_sides
+from research_agent.discovery.direction import GENERIC_WORDS, direction, split_sides, task_sides, tool_sides
 
 GEOCODE = ("## maps_geocode\n\nConvert an address into geographic coordinates\n\n"
            "Parameters: address (string, required): The address to geocode")
@@ -26,7 +26,7 @@ REVERSE = ("## maps_reverse_geocode\n\nConvert coordinates into an address\n\n"
     ("turn a GPS lat/lon pair into the nearest street address", {"gps", "lat", "lon", "pair"},
      {"nearest", "street", "address"}),
     ("given an angle in degrees, I want its value in radians", {"angl", "degre"}, {"valu", "radian"}),
-    ("from a GeoJSON geometry, get the Well-Known Text", {"geojson", "geometri"}, {"well", "known", "text"}),
+    ("I got a GeoJSON geometry and want the Well-Known Text", {"geojson", "geometri"}, {"well", "known", "text"}),
 ])
 def test_task_sides_read_have_need_and_convert_into(task, have, need):
     sides = split_sides(task)
@@ -38,6 +38,10 @@ def test_task_sides_read_have_need_and_convert_into(task, have, need):
     "I want to send a message to a Slack channel",      # "to" alone is no conversion
     "where is my DHL package right now, I have its tracking number",  # a have side, no need side
     "I have to fix the flaky test",                     # "have to": nothing on the have side
+    # Issue 14 A5: "from <service> get <thing>" is a lookup, not a conversion (no have/need, no conversion verb).
+    "from Hacker News get the best stories",
+    "from a TMDB movie id get the Netflix streaming link",
+    "given the subreddit name get the top posts",
 ])
 def test_tasks_that_are_no_conversion_have_no_sides(task):
     assert split_sides(task) is None
@@ -56,7 +60,7 @@ def test_tool_sides_come_from_parameters_and_into_and_curated_text_has_none():
 
 
 def test_direction_is_signed_and_neutral_without_evidence():
-    task = split_sides("I have a street address and need its latitude and longitude")
+    task = split_sides("I have a street address and need geographic coordinates")
     one = lambda _t: 1.0  # noqa: E731
     right = direction(task, tool_sides("maps_geocode", GEOCODE), one)
     wrong = direction(task, tool_sides("maps_reverse_geocode", REVERSE), one)
@@ -94,3 +98,58 @@ def test_feature_rows_count_copies_holding_the_key_word_and_flag_tool_sections()
     rows = ranking.feature_rows(_scored(nodes, {"s0": True, "s1": True, "s2": False, "o": True}), {})
     assert [r["copies"] for r in rows] == [scoring.copies(2), scoring.copies(2), 0.0, 0.0]
     assert [r["tool"] for r in rows] == [1.0, 0.0, 0.0, 0.0]
+
+
+# -- issue 14, A5's attack on the direction feature --------------------------------------------------------------
+WKT = ("## wkt_to_geojson\n\nConvert Well-Known Text (WKT) into GeoJSON format\n\n"
+       "Parameters: wkt (string, required): The WKT string to convert")
+CURRENCY = ("## convert_currency_latest\n\nConverts an amount from one currency to another using the latest rates\n\n"
+            "Parameters: amount (number, required): The amount to convert; from_currency (string, required): "
+            "Source currency code; to_currency (string, required): Target currency code")
+
+
+@pytest.mark.parametrize("task,node", [
+    ("convert WKT into SVG", ("wkt_to_geojson", WKT)),  # the input matches, the output (SVG) nowhere
+    ("I have a street address and need its latitude and longitude", ("maps_geocode", GEOCODE)),
+    ("convert a street address into a ZIP+4 postal code", ("maps_geocode", GEOCODE)),
+])
+def test_direction_needs_evidence_on_both_sides(task, node):
+    """A tool that only takes what the task has is no evidence that it gives what the task needs (A5: 0.56 -> 0.85)."""
+    assert direction(task_sides(task), tool_sides(*node), lambda _t: 1.0) == 0.0
+
+
+def test_wrong_way_on_both_sides_still_counts_against():
+    task = task_sides("I have a street address and need its latitude and longitude")
+    assert direction(task, tool_sides("maps_reverse_geocode", REVERSE), lambda _t: 1.0) == -1.0
+
+
+def test_generic_parameter_words_carry_no_side():
+    from research_agent.text import discovery_terms
+
+    assert GENERIC_WORDS == set(discovery_terms("amount number limit count value id query input"))
+    # "amount" is the currency tool's parameter: the need side "the amount in EUR" must not vote against it.
+    task = task_sides("I have 100 USD and need the amount in EUR")
+    assert task is not None and direction(task, tool_sides("convert_currency_latest", CURRENCY), lambda _t: 1.0) >= 0
+
+
+@pytest.mark.parametrize("task,have,need", [
+    # A need side stops at the next request; two conversions to one format are read together.
+    ("convert GeoJSON into KML and then print it on a 3D printer", {"geojson"}, {"kml"}),
+    ("I have WKT and need GeoJSON and also I have TopoJSON and need GeoJSON", {"wkt", "topojson"}, {"geojson"}),
+    ("I have WKT and need GeoJSON; I have TopoJSON and need GeoJSON", {"wkt", "topojson"}, {"geojson"}),
+])
+def test_task_sides_read_each_clause_alone(task, have, need):
+    sides = task_sides(task)
+    assert sides is not None and set(sides[0]) == have and set(sides[1]) == need
+
+
+def test_a_chain_of_conversions_has_no_direction():
+    # KML is the need of the first clause and the have of the second: no one tool's direction fits the task.
+    assert task_sides("convert GeoJSON into KML, then convert KML into a shapefile") is None
+
+
+def test_parameters_line_inside_a_code_fence_is_no_tool():
+    text = ("## Calling a tool\n\nConvert the request into a call like this:\n\n```text\n"
+            "Parameters: address (string, required): The address\n```\n\nThen read the reply.")
+    assert tool_sides("Calling a tool", text) is None
+    assert tool_sides("Calling a tool", text.replace("```text\n", "").replace("\n```", "")) is not None

@@ -7,9 +7,11 @@ way a conversion runs; the task's phrasing ("have X ... need Y", "turn X into Y"
 tool's shape (its parameters and the "X into Y" of its description or `x_to_y` name are what it takes; the rest
 of its description is what it gives) can.
 
-The feature is neutral (0) unless both sides exist: a task without a have/need or convert-into phrasing, and
-any node without a `Parameters:` line (curated knowledge, a server's intro) get 0, so the golden knowledge
-base is scored exactly as before.
+The feature is neutral (0) unless both sides exist and both vote the same way: a task without a have/need or
+convert-into phrasing, a lookup ("from Hacker News get the best stories"), any node without a `Parameters:`
+line (curated knowledge, a server's intro), and a tool that matches only one of the task's sides get 0, so
+the golden knowledge base is scored exactly as before (issue 14, A5's attack: with one side enough, "convert
+WKT into SVG" gave wkt_to_geojson +0.5 and 0.85).
 """
 
 from __future__ import annotations
@@ -27,8 +29,22 @@ _CONVERT_INTO = re.compile(r"\b(?:convert|converts|turn|turns|translate|transfor
                            r"(?:\b(?:into|to)\b|->|→)(?P<need>.+)", re.I | re.S)
 #: A tool name read as "X to Y" once its separators are spaces: `geojson_to_kml`, `speech-to-text`, `radiansToDegrees`.
 _NAME_TO = re.compile(r"^(?P<have>.+?)\b(?:to|into)\b(?P<need>.+)$", re.I)
-#: One sentence at a time: a have side never runs past a full stop ("e.g.," is not one).
-_SENTENCE_END = re.compile(r"[.!?;](?:\s|$)|\n")
+#: One clause at a time: a have side never runs past a full stop ("e.g.," is not one), a need side never swallows
+#: the next request ("... need GeoJSON and also I have TopoJSON ...", "into KML and then print it", issue 14 A5).
+_SENTENCE_END = re.compile(r"[.!?;](?:\s|$)|\n|,?\s+and\s+also\b|,?\s+(?:and\s+)?then\b", re.I)
+#: "from X get Y" / "given X get Y" is a lookup, not a conversion ("from Hacker News get the best stories": the
+#: service is no input), unless the clause also says have/need or a conversion verb (issue 14 A5: hn_best 0.76 -> 0.49).
+#: "into" stays one: "from my feature branch into main" read as sides kept create_pull_request first (ToolGym dev).
+_CONVERSION_WORD = re.compile(r"\b(?:have|has|got|needs?|wants?|into|convert\w*|turns?|transform\w*|translat\w*|"
+                              r"encod\w*|decod\w*|geocod\w*)\b|->|→", re.I)
+#: Parameter words that name no subject ("amount", "limit", "Number of stories"): they vote on neither side, or
+#: "I have 100 USD and need the amount in EUR" read the currency tool's `amount` parameter as the wrong way
+#: (issue 14 A5: convert_currency_latest 0.57 -> 0.40). Stems, as discovery_terms writes "amount number limit count
+#: value id query input" (written out: stemming at import would load the stemmer with the package). Not "text":
+#: it is the subject of speech-to-text, and silenced it let speech-to-text lead a text-to-speech task (0.27 -> 0.79).
+GENERIC_WORDS = frozenset({"amount", "number", "limit", "count", "valu", "id", "queri", "input"})
+#: A fenced code block: a `Parameters:` line inside one is an example, not the section's own (curated docs).
+_FENCE = re.compile(r"^[ \t]*(```|~~~).*?^[ \t]*\1[^\n]*$", re.M | re.S)
 #: The export's parameter line, `Parameters: name (type, required): description; ...` (toolgym_export.py).
 _PARAMETERS = re.compile(r"^[ \t]*Parameters:(.*)$", re.M)
 #: Its type annotations say nothing about the tool's subject ("string", "required").
@@ -41,14 +57,40 @@ Sides = tuple[frozenset[str], frozenset[str]]
 
 
 def split_sides(text: str) -> tuple[list[str], list[str]] | None:
-    """(the stems of what `text` starts from, of what it wants), from its first sentence that says both; or None."""
-    for sentence in _SENTENCE_END.split(text):
-        found = [m for m in (_HAVE_NEED.search(sentence), _CONVERT_INTO.search(sentence)) if m]
-        for m in sorted(found, key=lambda m: m.start()):
+    """(the stems of what `text` starts from, of what it wants), from its first clause that says both; or None."""
+    return next(iter(clause_sides(text)), None)
+
+
+def task_sides(task: str) -> tuple[list[str], list[str]] | None:
+    """A task's sides: its one conversion, or the union of several that are not a chain; None for a chain.
+
+    Why: "I have WKT and need GeoJSON and also I have TopoJSON and need GeoJSON" asks two conversions to one
+    format (union: have wkt, topojson; need geojson); "convert X into Y, then Y into Z" has Y on both sides,
+    where no single tool's direction can be read, so the feature stays 0 (issue 14 A5).
+    """
+    found = clause_sides(task)
+    if len(found) <= 1:
+        return found[0] if found else None
+    haves = [set(h) for h, _ in found]
+    needs = [set(n) for _, n in found]
+    if any(h & n for i, h in enumerate(haves) for j, n in enumerate(needs) if i != j):
+        return None
+    return sorted(set().union(*haves)), sorted(set().union(*needs))
+
+
+def clause_sides(text: str) -> list[tuple[list[str], list[str]]]:
+    """The (have, need) stems of each clause of `text` that states a conversion, in order."""
+    found = []
+    for clause in _SENTENCE_END.split(text):
+        if not clause or not _CONVERSION_WORD.search(clause):
+            continue
+        matches = [m for m in (_HAVE_NEED.search(clause), _CONVERT_INTO.search(clause)) if m]
+        for m in sorted(matches, key=lambda m: m.start()):
             have, need = terms(m.group("have")), terms(m.group("need"))
             if have and need:
-                return have, need
-    return None
+                found.append((have, need))
+                break
+    return found
 
 
 def _name_sides(title: str) -> tuple[list[str], list[str]] | None:
@@ -68,11 +110,13 @@ def tool_sides(title: str, text: str) -> Sides | None:
     name. Outputs: the Y (its words are then outputs only); when neither says "into", the description's words
     that are not inputs.
     """
+    text = _FENCE.sub("", text)
     m = _PARAMETERS.search(text)
     if m is None:
         return None
     description = "\n".join(line for line in text[:m.start()].splitlines() if not line.lstrip().startswith("#"))
-    params = set(terms(_PARAM_PURPOSE.sub(" ", _PARAM_TYPE.sub(" ", m.group(1)))))
+    groups = [set(terms(_PARAM_PURPOSE.sub(" ", _PARAM_TYPE.sub(" ", p)))) for p in m.group(1).split(";")]
+    params = set().union(*groups)
     inputs: set[str] = set()
     outputs: set[str] = set()
     for sides in (split_sides(description), _name_sides(title)):
@@ -82,8 +126,10 @@ def tool_sides(title: str, text: str) -> Sides | None:
     if not outputs:
         return frozenset(params | inputs), frozenset(set(terms(description)) - params - inputs)
     # The "X to Y" is the clearest statement of the direction: a parameter that mentions Y configures the output
-    # (`geojson_to_kml`: "documentName: Name for the KML document"), so Y's words are outputs only.
-    return frozenset(inputs | (params - outputs)), frozenset(outputs)
+    # (`geojson_to_kml`: "documentName: Name for the KML document"), so Y's words are outputs only and that
+    # parameter's other words are no input ("document" made "starting from a KML document" half for it).
+    kept = set().union(*(g for g in groups if not g & outputs))
+    return frozenset(inputs | (kept - outputs)), frozenset(outputs)
 
 
 def direction(task_sides: tuple[list[str], list[str]] | None, node_sides: Sides | None,
@@ -91,22 +137,27 @@ def direction(task_sides: tuple[list[str], list[str]] | None, node_sides: Sides 
     """How the task's have/need sides line up with the tool's input/output sides, -1..1 (0: no evidence either way).
 
     Each side's matched words vote by IDF weight: a have word among the tool's inputs only (a need word among its
-    outputs only) for, the other way round against, a word on both sides of the tool not at all; the side's
-    value is the votes over the weight of the words that voted, and the feature is the mean of the two sides.
-    Why only the matched words: a task rarely uses the tool's own words ("latitude" vs "geographic
-    coordinates"); what it shares with the tool should count in full. Geocoding for "have a street address,
-    need its latitude and longitude": +0.5 (address is its input); reverse geocoding (parameters latitude,
-    longitude; gives an address): -1.
+    outputs only) for, the other way round against, a word on both sides of the tool or a GENERIC_WORDS one
+    not at all; the side's value is the votes over the weight of the words that voted, and the feature is the
+    mean of the two sides when both voted the same way, else 0. Why only the matched words: a task rarely
+    uses the tool's own words ("latitude" vs "geographic coordinates"); what it shares with the tool should
+    count in full. Why both sides: one side is half a conversion ("convert WKT into SVG" and wkt_to_geojson:
+    the input matches, SVG is given by no tool). Reverse geocoding (parameters latitude, longitude; gives an
+    address) for "have a street address, need its latitude and longitude": -1; geocoding (gives "geographic
+    coordinates"): 0.
     """
     if task_sides is None or node_sides is None:
         return 0.0
     (have, need), (inputs, outputs) = task_sides, node_sides
-    return 0.5 * (_vote(have, inputs, outputs, weight) + _vote(need, outputs, inputs, weight))
+    have_vote, need_vote = _vote(have, inputs, outputs, weight), _vote(need, outputs, inputs, weight)
+    if have_vote * need_vote <= 0:
+        return 0.0
+    return 0.5 * (have_vote + need_vote)
 
 
 def _vote(side: Iterable[str], right: frozenset[str], wrong: frozenset[str], weight: Callable[[str], float]) -> float:
     """(weight of `side`'s words only in `right` - only in `wrong`) / weight of those in either; 0 if none is."""
-    words = {t for t in side if (t in right) != (t in wrong)}
+    words = {t for t in side if (t in right) != (t in wrong) and t not in GENERIC_WORDS}
     total = sum(weight(t) for t in words)
     if total <= 0:
         return 0.0

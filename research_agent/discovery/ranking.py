@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from research_agent.discovery import scoring
 from research_agent.discovery.analysis import identifiers
 from research_agent.discovery.boosts import BoostRules, boosts_for
-from research_agent.discovery.direction import direction, split_sides
+from research_agent.discovery.direction import direction, task_sides
 from research_agent.discovery.models import Recommendation
 from research_agent.discovery.node_index import Node, NodeIndex, ancestors, unit
 from research_agent.text import discovery_terms as terms, surface_words
@@ -203,7 +203,7 @@ def _task_words(task: str, indexes: list[NodeIndex]) -> _TaskWords:
     idents = {i: known * scoring.identifier_weight(_ident_df(i, indexes, i in defined)) for i in written}
     mentions = {i: known * MENTION_SHARE * scoring.identifier_weight(_ident_df(i, indexes, False)) for i in defined}
     return _TaskWords(qterms, weight, total_weight or 1.0, surface_words(task, terms), idents, written, mentions,
-                      split_sides(task))
+                      task_sides(task))
 
 
 def _ident_df(ident: str, indexes: list[NodeIndex], defined: bool) -> int:
