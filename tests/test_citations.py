@@ -233,3 +233,17 @@ def test_no_line_is_given_as_exact_unless_it_is_the_files(max_tokens, overlap):
                             for ch in chunks)
     if max_tokens == 40:  # the small budget does split tables and fences, so their repeats were exercised
         assert split_tables and split_fences
+
+
+
+@pytest.mark.parametrize("name", ["~nosuchuserx", "bad\x00name", "x" * 100_000, "~nosuchuserx/a.md:3"])
+def test_get_bad_names_are_coded_not_found_errors(in_kb, name):
+    """`~user` that is no user raised RuntimeError (expanduser), a NUL byte ValueError (resolve): both are
+    names that match nothing; the message echoes at most 200 characters of the name (100k made a 100 KB error)."""
+    error = cli_error(in_kb["store"], "kb", "get", name, "--collection", "ops")
+    assert "not found" in error["message"] and len(error["message"]) < 300, error["message"][:300]
+
+
+def test_a_negative_line_suffix_is_a_bad_range(in_kb):
+    error = cli_error(in_kb["store"], "kb", "get", "docs/widget_guide.md:-1", "--collection", "ops")
+    assert "not a line range" in error["message"] and "N-M" in error["data"]["guidance"]

@@ -333,3 +333,77 @@ def test_mcp_ingest_records_tool(container, fake_embedder, no_warmup):
 
 async def _tools(mcp):
     return await mcp.list_tools()
+
+
+# -- attack pass: swallowed rows, the JSON cap, a records file path to `kb get` ----------------------------
+def test_an_unclosed_csv_quote_is_reported_and_blocks_prune(container, fake_embedder):
+    """An unclosed quote swallows every later row into one field: read leniently, k2 and k3 looked gone and
+    --prune removed them with no warning. The strict reader reports the row's line and prune is blocked."""
+    from research_agent import ingest
+
+    collections.create_collection(container, "recs")
+    path = Path.cwd() / "cat.csv"
+    path.write_text("id,text\nk1,first\nk2,second\nk3,third\n")
+    assert ingest_records(container, path, "recs", RecordFields(id="id", text=("text",))).added == 3
+    path.write_text('id,text\nk1,"first unbalanced\nk2,second\nk3,third\n')
+    report = ingest_records(container, path, "recs", RecordFields(id="id", text=("text",)), prune=True)
+    assert report.removed == 0 and report.not_pruned and "nothing was pruned" in report.not_pruned[0].reason
+    assert [p.path for p in report.skipped] == ["cat.csv:2"] and "quote" in report.skipped[0].reason
+    assert ingest.get_document(container, "recs", "cat.csv#k2").content == "second"
+    assert ingest.get_document(container, "recs", "cat.csv#k1").content == "first"
+
+
+def test_tsv_quotes_are_text(container, fake_embedder):
+    """TSV has no quoting convention: `"5 inch" screen` stays as written and a lone quote swallows nothing."""
+    from research_agent import ingest
+
+    collections.create_collection(container, "recs")
+    path = Path.cwd() / "cat.tsv"
+    path.write_text('id\ttext\nt1\t"5 inch" screen\nt2\tsays "hi\nt3\tthird\n')
+    report = ingest_records(container, path, "recs", RecordFields(id="id", text=("text",)))
+    assert report.added == 3 and report.skipped == []
+    assert ingest.get_document(container, "recs", "cat.tsv#t1").content == '"5 inch" screen'
+    assert ingest.get_document(container, "recs", "cat.tsv#t2").content == 'says "hi'
+
+
+def test_json_cap_keeps_the_parse_near_300_mb(container, fake_embedder):
+    """A JSON array is parsed whole at ~40x its size for small objects (`[{},{},...]`: 8 MB peaked at 324 MB,
+    32 MB at 965 MB), so the cap is 8 MB and the error points to JSONL, which streams."""
+    collections.create_collection(container, "recs")
+    path = Path.cwd() / "big.json"
+    path.write_bytes(b"[" + b"{}," * (3 * 2**20) + b"{}]")  # ~9 MB
+    with pytest.raises(DocumentError, match="8 MB limit") as err:
+        ingest_records(container, path, "recs", RecordFields(id="id", text=("t",)))
+    assert "JSON lines" in err.value.data["guidance"] and "jq -c" in err.value.data["guidance"]
+
+
+def test_a_records_file_path_is_ambiguous_not_one_record(container, fake_embedder):
+    """`kb get <records file>` named every record of the file and returned an arbitrary one."""
+    from research_agent import ingest
+
+    collections.create_collection(container, "recs")
+    path = Path.cwd() / "odd.jsonl"
+    _write(path, [{"id": f"r{i}", "text": f"record {i}"} for i in range(8)])
+    ingest_records(container, path, "recs", RecordFields(id="id", text=("text",)))
+    with pytest.raises(DocumentError, match="ambiguous") as err:
+        ingest.get_document(container, "recs", str(path))
+    assert "odd.jsonl#r0" in err.value.message and "odd.jsonl#" in err.value.data["guidance"]
+    assert len(err.value.data["candidates"]) == 5
+    assert ingest.get_document(container, "recs", "odd.jsonl#r3").content == "record 3"
+
+
+def test_a_repeated_id_whose_first_copy_was_written_warns_and_the_later_wins(container, fake_embedder,
+                                                                              monkeypatch):
+    """The earlier copy was committed in an earlier batch; the later copy has no text. It was skipped with no
+    "id repeated" warning and the earlier text stayed searchable: now it warns, and the later record wins
+    (no text: the written version is removed, as for a record that loses its text)."""
+    from research_agent import ingest
+
+    collections.create_collection(container, "recs")
+    monkeypatch.setattr(records, "EMBED_BATCH_CHUNKS", 1)  # every record is its own batch
+    path = Path.cwd() / "rep.jsonl"
+    _write(path, [{"id": "a", "text": "first copy"}, {"id": "b", "text": "other"}, {"id": "a", "text": ""}])
+    report = ingest_records(container, path, "recs", RecordFields(id="id", text=("text",)))
+    assert [w.path for w in report.warnings] == ["rep.jsonl#a"] and "repeated" in report.warnings[0].reason
+    assert [p.path for p in report.skipped] == ["rep.jsonl:3"] and report.added == 1
+    assert [d.document for d in ingest.list_documents(container, "recs").documents] == ["rep.jsonl#b"]

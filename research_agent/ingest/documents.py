@@ -68,15 +68,43 @@ def find_document(c: Container, collection: str, document: str) -> dict[str, dic
     """The manifest of `document` (its key, or a path that resolves to a recorded file)."""
     key = document_key(collection, document)
     found = c.store.registry_get([key])
+    resolved = None if found else _as_path(document)
+    if resolved is not None:
+        found = {k: m for k, m in c.store.registry_find("document", collection).items()
+                 if m.get("path") and m["path"] == resolved}
     if not found:
-        candidates = {k: m for k, m in c.store.registry_find("document", collection).items()
-                      if m.get("path") and m["path"] == str(Path(document).expanduser().resolve())}
-        found = candidates
-    if not found:
-        raise DocumentError(f"Document {document!r} not found in {collection!r}",
+        raise DocumentError(f"Document {document[:200]!r} not found in {collection!r}",
                             guidance=f"Run `research-agent kb list-documents --collection {collection}`.",
                             document=document[:200], collection=collection)
     return found
+
+
+def _as_path(document: str) -> str | None:
+    """`document` as an absolute path, or None when it cannot be one: `~nosuchuser` (RuntimeError from
+    expanduser), a NUL byte or an over-long name (ValueError / OSError from resolve) match no file."""
+    try:
+        return str(Path(document).expanduser().resolve())
+    except (RuntimeError, ValueError, OSError):
+        return None
+
+
+#: Keys an "ambiguous" error names: enough to show the `file#id` form without a wall of text.
+AMBIGUOUS_SHOWN = 5
+
+
+def find_one(c: Container, collection: str, document: str) -> dict[str, Any]:
+    """The one manifest `document` names: a records file's path names all its records (`file#id` each), and
+    reading an arbitrary one of them is wrong, so that is an "ambiguous" DocumentError listing a few keys."""
+    found = find_document(c, collection, document)
+    if len(found) == 1:
+        return next(iter(found.values()))
+    keys = sorted(m["document"] for m in found.values())
+    shown = keys[:AMBIGUOUS_SHOWN]
+    more = f" and {len(keys) - len(shown)} more" if len(keys) > len(shown) else ""
+    raise DocumentError(f"{document[:200]!r} is ambiguous: it names {len(keys)} documents "
+                        f"({', '.join(shown)}{more})", ambiguous=True, candidates=shown, collection=collection,
+                        guidance=f"Name one record by its key, e.g. {shown[0]!r}; list them with "
+                                 f"`research-agent kb list-documents --collection {collection}`.")
 
 
 def document_paths(c: Container, documents: list[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
@@ -155,7 +183,7 @@ def _visible(c: Container, collection: str, manifest: dict[str, Any]) -> list[tu
 def _current_chunks(c: Container, collection: str, document: str) -> tuple[dict[str, Any], list[ChunkView]]:
     """The manifest of `document` (key or file path) and its visible chunks, in document order."""
     c.store.refresh()
-    manifest = next(iter(find_document(c, collection, document).values()))
+    manifest = find_one(c, collection, document)
     chunks = [ChunkView(chunk_id=cid, sequence=int(meta.get("chunk_sequence_id", 0)),
                         header_path=meta.get("header_path", ""), content_type=meta.get("content_type", ""),
                         content=text, line_start=meta.get("line_start"), line_end=meta.get("line_end"),
@@ -168,12 +196,12 @@ def _find_with_lines(c: Container, collection: str, document: str) -> tuple[dict
     """The manifest of `document`, or of DOCUMENT when it reads DOCUMENT:10-20 / DOCUMENT:42 (a key holding
     such a suffix itself is found first), and the line spec the suffix gave."""
     try:
-        return next(iter(find_document(c, collection, document).values())), None
-    except DocumentError:
+        return find_one(c, collection, document), None
+    except DocumentError as exc:
         suffixed = _DOC_LINES.match(document)
-        if suffixed is None:
+        if suffixed is None or exc.data.get("ambiguous"):
             raise
-        return next(iter(find_document(c, collection, suffixed.group(1)).values())), suffixed.group(2)
+        return find_one(c, collection, suffixed.group(1)), suffixed.group(2)
 
 
 def get_document(c: Container, collection: str, document: str, *, line_start: int | None = None,
@@ -216,7 +244,9 @@ def get_document_chunks(c: Container, collection: str, document: str) -> Documen
 #: The most characters of a line spec (`10-20`) read: a longer one is a mistake, never echoed whole.
 LINE_SPEC_MAX_CHARS = 40
 _LINE_SPEC = re.compile(r"\s*(\d+)\s*(?:(-)\s*(\d*)\s*)?")
-_DOC_LINES = re.compile(r"^(.+):(\d+(?:-\d*)?)$")
+#: DOCUMENT:SPEC where SPEC looks like a range (digits, dashes, spaces): `doc:-1` is then a bad range, not
+#: "not found"; parse_line_range checks the spec.
+_DOC_LINES = re.compile(r"^(.+):(-?\d[\d -]*)$")
 _TABLE_RULE = re.compile(r"^ {0,3}\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$")
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 NOT_STORED = "not stored: blank lines, front matter or markup no chunk keeps"

@@ -15,7 +15,7 @@ MAX_JSON_FILE_BYTES. A record that cannot be used is skipped with its line (`too
 Duplicate ids: the later record wins and the report warns (a catalog re-exported with an appended fix is the
 common cause; refusing the whole file would block that).
 
-Over 400 lines (~535): the three readers (~170 lines) and the run (~190) share RawRecord and the field
+Over 400 lines (~570): the three readers (~180 lines) and the run (~210) share RawRecord and the field
 mapping; the readers would split cleanly into records_read.py if another format (XML, Parquet) is added.
 """
 
@@ -53,9 +53,10 @@ log = logging.getLogger(__name__)
 
 #: The reader each extension gets; `format` overrides it (a `.txt` export of JSON lines).
 RECORD_FORMATS = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
-#: A JSON array file is parsed whole: Python objects cost ~8-10x the file (32 MB of JSON: some 300 MB), so
-#: larger catalogs go through JSONL, which streams (`jq -c '.[]' big.json > big.jsonl`). A candidate setting.
-MAX_JSON_FILE_BYTES = 32 * 2**20
+#: A JSON array file is parsed whole: Python objects cost ~10-40x the file (many small objects are the worst:
+#: `[{},{},...]` peaked at 324 MB for 8 MB, 965 MB for 32 MB), so 8 MB keeps the parse near 300 MB and larger
+#: catalogs go through JSONL, which streams (`jq -c '.[]' big.json > big.jsonl`). A candidate setting.
+MAX_JSON_FILE_BYTES = 8 * 2**20
 #: One JSONL line or CSV line; a record this size is a mistake (the longest ToolGym tool record is ~6 KB).
 MAX_RECORD_BYTES = 2**20
 #: Characters of text per record, cut beyond with a warning: ~70 chunks of MiniLM's 256 tokens.
@@ -254,7 +255,9 @@ def json_records(fh: IO[bytes], path: Path, records_path: str | None) -> Iterato
     if len(raw) > MAX_JSON_FILE_BYTES:
         raise DocumentError(f"{path.name} is over the {MAX_JSON_FILE_BYTES // 2**20} MB limit for a JSON file, "
                             "which is read whole", path=folder.display(str(path)),
-                            guidance="Convert it to JSON lines, which stream: jq -c '.[]' in.json > out.jsonl")
+                            guidance="Convert it to JSON lines (.jsonl, one record a line), which are read a "
+                                     "record at a time in bounded memory: jq -c '.[]' in.json > out.jsonl "
+                                     "(or jq -c '.path.to.array[]' for --records-path)")
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -303,7 +306,11 @@ def csv_records(fh: IO[bytes], path: Path, fields: RecordFields, delimiter: str)
                 bad.setdefault(number, f"longer than {MAX_RECORD_BYTES // 2**20} MB")
             yield text if text is not None else "\n"
 
-    reader = csv.reader(lines(), delimiter=delimiter)
+    # strict: an unclosed quote swallows every later row into one field up to the end of the file; read
+    # leniently that was one record, and --prune removed the swallowed ones. Strictly it is a csv.Error, a
+    # record that could not be read, which blocks prune. TSV has no quoting convention (`"5 inch" screen`).
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.reader(lines(), delimiter=delimiter, strict=True, quoting=quoting)
     header: list[str] | None = None
     end = 0
     while True:
@@ -313,8 +320,7 @@ def csv_records(fh: IO[bytes], path: Path, fields: RecordFields, delimiter: str)
         except StopIteration:
             return
         except csv.Error as exc:
-            yield RawRecord(f"line {reader.line_num}", problem=f"not valid CSV ({exc}); the rest of the file was "
-                                                               "not read")
+            yield RawRecord(f"line {start}", problem=_csv_problem(exc, start, reader.line_num))
             return
         end = reader.line_num
         problem = next((f"line {n} {bad[n]}" for n in range(start, end + 1) if n in bad), None)
@@ -326,6 +332,13 @@ def csv_records(fh: IO[bytes], path: Path, fields: RecordFields, delimiter: str)
             yield RawRecord(f"line {start}", problem=problem)
         elif row and header is not None:
             yield RawRecord(f"line {start}", data=dict(zip(header, row)))
+
+
+def _csv_problem(exc: csv.Error, start: int, end: int) -> str:
+    """Why the row from line `start` could not be read; the reader stopped at line `end`."""
+    hint = " (an unclosed quote?)" if "end of data" in str(exc) or "expected after" in str(exc) else ""
+    return (f"not valid CSV in lines {start}-{end}: {str(exc)[:200]}{hint}; the rest of the file was not read, "
+            "so its records are neither added nor pruned")
 
 
 def _csv_header(row: list[str], problem: str | None, path: Path, fields: RecordFields) -> list[str]:
@@ -412,11 +425,13 @@ class _Run:
         if record_id is None:
             self.unidentified += 1
         else:  # its id is known: like a file that turned unusable, its old version goes (search must not find it)
-            key = document_key(self.collection, self._document(record_id))
-            self.pending.pop(key, None)
-            self._outcome(self._document(record_id), where, SKIPPED)
-            if key in self.existing:
-                self.stale[key] = self.existing[key]
+            document = self._document(record_id)
+            key = document_key(self.collection, document)
+            self._repeated(document, key, where)
+            self._outcome(document, where, SKIPPED)
+            stored = self._stored_manifest(key)
+            if stored is not None:
+                self.stale[key] = stored
                 reason += " (its previous version was removed from the index)"
         self.listed(self.report.skipped, FileProblem(path=place, reason=reason))
 
@@ -427,11 +442,7 @@ class _Run:
         document = self._document(record.id)
         key = document_key(self.collection, document)
         digest = record.hash()
-        if document in self.last:
-            first = f"{where.split()[0]} {self.last[document] // 4}"
-            self.listed(self.report.warnings, FileProblem(
-                path=document, reason=f"id repeated at {where} (first at {first}): the later record wins"))
-            self.pending.pop(key, None)
+        self._repeated(document, key, where)
         before = self.before.get(key)
         self._outcome(document, where, UNCHANGED if before == digest else ADDED if before is None else UPDATED)
         self.stale.pop(key, None)
@@ -443,6 +454,23 @@ class _Run:
         self.chunks_total += len(self.pending[key].chunks)
         if sum(len(d.chunks) for d in self.pending.values()) >= EMBED_BATCH_CHUNKS:
             self.flush()
+
+    def _repeated(self, document: str, key: str, where: str) -> None:
+        """A second record with this id (kept or skipped, the later one wins): warn, drop the earlier unwritten."""
+        if document in self.last:
+            first = f"{where.split()[0]} {self.last[document] // 4}"
+            self.listed(self.report.warnings, FileProblem(
+                path=document, reason=f"id repeated at {where} (first at {first}): the later record wins"))
+            self.pending.pop(key, None)
+
+    def _stored_manifest(self, key: str) -> dict[str, Any] | None:
+        """The manifest of the version of `key` in the store now: the one before the run, or the one an
+        earlier batch of this run wrote (a repeated id), read back so its chunks are the ones deleted."""
+        if key not in self.stored:
+            return None
+        if key in self.existing and self.stored[key] == self.before.get(key):
+            return self.existing[key]
+        return self.c.store.registry_get([key]).get(key)
 
     def _prepare(self, document: str, record: Record, digest: str) -> PreparedDocument:
         from research_agent.ingest.parsing import ParsedDocument
