@@ -317,3 +317,86 @@ def test_an_index_saved_in_the_previous_layout_is_replaced_by_a_build(animals, m
     assert not old.exists() and not Path(f"{old}.lock").exists()
     assert sorted(p.name for p in folder.iterdir()) == [index_dir(animals).name, f"{index_dir(animals).name}.lock"]
     assert len(keyword.KeywordIndex.open(index_dir(animals), keyword.field_weights(animals.settings))) == len(ANIMALS)
+
+
+def test_an_index_folder_of_another_collection_is_never_served(animals, monkeypatch, caplog):
+    """Trigger (outside tester): the collection's index folder symlinked to another collection's index served
+    that collection's chunks as ghosts. The index keeps its Chroma collection id and one of another id is not
+    used (nor rebuilt in place: that would wreck the other collection's)."""
+    import shutil
+
+    collections.create_collection(animals, "other")
+    augment.add_research(animals, "other", "Quokkas smile on Rottnest island.", "src-q", title="Quokka")
+
+    def other(text: str) -> list[str]:
+        return [h.content for h in query.query_knowledge(animals, text, collections=["other"], mode="keyword",
+                                                         rerank=False).results]
+
+    assert ranked(animals, "okapi") and other("quokka") and not other("okapi")
+    mine = keyword.persist_folder(animals, open_collection(animals, "other"))
+    shutil.rmtree(mine)
+    mine.symlink_to(keyword.persist_folder(animals, open_collection(animals, "docs")), target_is_directory=True)
+    new_process(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="research_agent.search.keyword_sync"):
+        assert not other("okapi") and other("quokka")
+    assert "belongs to collection" in caplog.text
+    assert ranked(animals, "okapi")[0][0].startswith("Okapis")  # the other collection's index is intact
+
+
+def _immutable(folder: Path, on: bool) -> bool:
+    """`chattr -R +i` (what the tester used; unlike chmod it also stops root); False where it is unsupported."""
+    out = subprocess.run(["chattr", "-R", "+i" if on else "-i", str(folder)], capture_output=True, timeout=30)
+    return out.returncode == 0
+
+
+def _failing_commit(monkeypatch) -> None:
+    """The tester's exact error (chmod as a non-root user): tantivy's commit raises inside `apply`."""
+    add = keyword.KeywordIndex._add_chunks
+
+    def failing(self, *args):
+        if self.path is not None:
+            raise ValueError("A worker thread encountered an error")
+        return add(self, *args)
+    monkeypatch.setattr(keyword.KeywordIndex, "_add_chunks", failing)
+
+
+# "folder": with its lock file (PermissionError); "index": tantivy's folder alone (ValueError from its writer lock)
+@pytest.mark.parametrize("frozen", ["folder", "index", "commit"])
+def test_a_saved_index_that_can_no_longer_be_written_falls_back_to_memory(animals, caplog, monkeypatch, frozen):
+    """Trigger (outside tester): the index folder and its parent made read-only after the index was saved, then
+    a write: the query failed with "Unexpected failure (ValueError)" (tantivy's "A worker thread encountered an
+    error" from the commit); the in-memory fallback covered only a folder that did not exist yet."""
+    assert ranked(animals, "okapi")
+    folder = keyword.persist_folder(animals, open_collection(animals, "docs"))
+    folder = folder if frozen == "folder" else index_dir(animals)
+    if frozen == "commit":
+        _failing_commit(monkeypatch)
+    elif not _immutable(folder, True):
+        pytest.skip("chattr +i is not supported on this file system")
+    try:
+        augment.add_research(animals, "docs", "Tardigrades survive in space.", "src-t", title="Tardigrade")
+        with caplog.at_level(logging.WARNING, logger="research_agent.search.keyword_sync"):
+            hits = ranked(animals, "tardigrade")
+            assert ranked(animals, "okapi")[0][0].startswith("Okapis")
+    finally:
+        _immutable(folder, False)
+    assert hits and hits[0][0].startswith("Tardigrades")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "in memory" in warnings[0], warnings
+
+
+def test_a_new_index_folder_that_cannot_be_written_logs_only_the_memory_fallback(animals, caplog):
+    """Trigger (outside tester): an unwritable new folder first logged "is unusable (...); rebuilding it", which
+    was not true (nothing was rebuilt), then "using one in memory"."""
+    folder = keyword.persist_folder(animals, open_collection(animals, "docs"))
+    folder.mkdir(parents=True)
+    if not _immutable(folder, True):
+        pytest.skip("chattr +i is not supported on this file system")
+    try:
+        with caplog.at_level(logging.WARNING, logger="research_agent.search.keyword_sync"):
+            hits = ranked(animals, "narwhal tusk")
+    finally:
+        _immutable(folder, False)
+    assert hits[0][0].startswith("Narwhals")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "using one in memory" in warnings[0], warnings

@@ -236,3 +236,59 @@ def test_each_documents_state_is_replaced_with_its_chunks_and_a_chunkless_one_is
     assert index.all_versions() == {"a": "h2", "b": "hb"} and len(index) == 2
     assert [ch.id for ch, _ in index.search("okapi", 5)] == ["a2"]
     assert (done.chunks, done.entries) == (1, 2) and index.state == IndexState("r2", 2)
+
+
+STEP = (
+    "from research_agent import ingest\n"
+    "from research_agent.catalog import collections\n"
+    "c = build_container()\n"
+    "ops = json.loads(sys.argv[2])\n"
+    "keyword_sync.EMBEDDED_SKEW_SECONDS = 0  # the steps run within 2 s; the tester's were minutes apart\n"
+    "if ops.get('create'):\n"
+    "    collections.create_collection(c, 'docs')\n"
+    "for name, text in ops.get('write', []):\n"
+    "    open(name, 'w').write(text)\n"
+    "    ingest.ingest_path(c, name, 'docs')\n"
+    "with c.store.session():\n"
+    "    found = {q: sorted(h.content.strip() for h in query.query_knowledge(\n"
+    "        c, q, collections=['docs'], mode='keyword', rerank=False).results) for q in ops['ask']}\n"
+    "print(json.dumps({'found': found, 'modes': [u.mode for u in keyword_sync.RECENT]}))\n"
+)
+
+
+def step(**ops) -> dict:
+    out = child(STEP, json.dumps(ops))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _chroma_files(store: Path, to: Path) -> None:
+    """Copy the store without its keyword index (what a backup of the Chroma files holds)."""
+    import shutil
+
+    shutil.copytree(store, to, ignore=lambda d, names: ["keyword-index"] if Path(d) == store else [])
+
+
+def test_an_index_newer_than_a_restored_store_is_reconciled_not_trusted(tmp_path):
+    """Trigger (outside tester): the Chroma files restored from a backup, the newer keyword index kept (on a
+    Chroma server the index lives in the client's cache, so this happens by itself). The next write's change
+    record announced the current revision, so the catch-up re-applied that write alone and kept serving the
+    restore-undone text: `brandnewtextone` found r1, `oldtext` did not. Each step is a new process, and the
+    files are copied while none has the store open."""
+    import shutil
+
+    store = Path(os.environ["RESEARCH_AGENT_STORE"])
+    texts = {f"r{i}.md": f"oldtext {w}\n" for i, w in [(1, "alpha"), (2, "beta"), (3, "gamma")]}
+    first = step(create=True, write=sorted(texts.items()), ask=["oldtext"])
+    assert first["found"]["oldtext"] == ["oldtext alpha", "oldtext beta", "oldtext gamma"]
+    _chroma_files(store, tmp_path / "backup")
+    second = step(write=[["r1.md", "brandnewtextone\n"]], ask=["brandnewtextone"])
+    assert (second["found"], second["modes"]) == ({"brandnewtextone": ["brandnewtextone"]}, ["log"])
+    for entry in store.iterdir():  # the restore: Chroma files back, the (newer) keyword index kept
+        if entry.name != "keyword-index":
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for entry in (tmp_path / "backup").iterdir():
+        (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, store / entry.name)
+    last = step(write=[["r2.md", "oldtext beta two\n"]], ask=["brandnewtextone", "oldtext"])
+    assert last["found"] == {"brandnewtextone": [], "oldtext": ["oldtext alpha", "oldtext beta two", "oldtext gamma"]}
+    assert last["modes"] == ["diff"]  # the index's revision is not in the restored log: every manifest compared

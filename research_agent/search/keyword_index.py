@@ -106,10 +106,13 @@ class Chunk:
 @dataclass
 class IndexState:
     """The global entry: the collection revision the index reflects and the change-log position (nanoseconds
-    of the newest change record applied; 0 = none). Documents' hashes are per document (`versions_of`)."""
+    of the change record that announced `revision`; 0 = none) and the Chroma collection id the index was built
+    from (None: written before it was kept; an index of another id is never used). Documents' hashes are per
+    document (`versions_of`)."""
 
     revision: str | None = None
     log_at: int = 0
+    collection: str | None = None
 
 
 @dataclass
@@ -238,7 +241,8 @@ class KeywordIndex:
         if not hits:
             return IndexState()
         raw = json.loads(searcher.doc(hits[0][1])["meta"][0].decode("utf-8"))
-        return IndexState(revision=raw.get("revision"), log_at=int(raw.get("log_at", 0)))
+        return IndexState(revision=raw.get("revision"), log_at=int(raw.get("log_at", 0)),
+                          collection=raw.get("collection"))
 
     def versions_of(self, documents: Iterable[str]) -> dict[str, str]:
         """{document: content hash} of the named documents the index holds (a catch-up from the log: reads
@@ -368,8 +372,8 @@ class KeywordIndex:
         import tantivy
 
         writer.delete_documents_by_term("id", STATE_ID)
-        raw = json.dumps({"revision": state.revision, "log_at": state.log_at, "layout": ANALYZER_VERSION},
-                         sort_keys=True).encode("utf-8")
+        raw = json.dumps({"revision": state.revision, "log_at": state.log_at, "layout": ANALYZER_VERSION,
+                          "collection": state.collection}, sort_keys=True).encode("utf-8")
         writer.add_document(tantivy.Document(id=STATE_ID, doc=_STATE_DOC, meta=raw))
         written.entries += 1
         written.state_bytes += len(raw)

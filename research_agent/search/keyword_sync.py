@@ -10,10 +10,14 @@ When: a query reads the collection's revision (storage/registry.py, bumped by ev
 the index's state names another, the index catches up before it answers:
   1. which documents may differ: the change records (storage/registry.py `log_change`, one per write, written
      just before its manifests flip, naming its documents and the revision it bumps to) stamped after the
-     index's position minus `SKEW_SECONDS`. The log is used only if one of its records announces the current
-     revision (else some write is not in it: a bump by `doctor`, a writer of an older version) and it reaches
-     back to the position (records are kept CHANGE_LOG_SECONDS); otherwise every manifest is compared with the
-     state (`full diff`, one registry read). An index with no state is built from a full scan.
+     index's position minus `SKEW_SECONDS`. The log is used only if its records announce the current
+     revision (else some write is not in it: a bump by `doctor`, a writer of an older version) AND the
+     index's own revision (else the log does not continue from the index: the store was restored from a
+     backup older than the index), and it reaches back to the position (records are kept
+     CHANGE_LOG_SECONDS); otherwise every manifest is compared with the state (`full diff`, one registry
+     read). The position is the time of the record announcing the index's revision (a build or full diff
+     looks it up in the log). An index with no state, or saved before its Chroma collection id was kept, is
+     built from a full scan; one holding another collection's id (a symlinked or copied folder) is not used.
   2. of those, the documents whose manifest content hash differs from the index's (`versions_of`: only the
      named documents' state is read; the full diff reads every document's, `all_versions`); their entries
      are deleted from the index and their current visible chunks added (fetched from Chroma by id: the
@@ -32,7 +36,8 @@ OS if the process dies); another process that finds it taken answers from the la
 at the current revision, and otherwise waits (polling, up to CATCH_UP_WAIT_SECONDS) for it to get there or for
 the lock. Readers never lock: they `reload()` after a commit. A folder that does not open or read back
 (truncated, altered, garbage) is removed under the lock and rebuilt, with a warning; a folder that cannot be
-written at all (read-only store) leaves the process an in-memory index, caught up the same way. Older layouts
+written at all (read-only store), or no longer (made read-only or immutable after it was saved: the commit
+or its lock fails), leaves the process an in-memory index, caught up the same way, with one warning. Older layouts
 are removed on first open and the index built again (once per collection): the bm25s indexes
 (`<revision>-w2.3-a1-bm25s0.3.16` folders) and tantivy folders of an older analyzer/layout version
 (`tantivy-w2.3-a2`, one state entry with every document's hash), with their lock files.
@@ -128,8 +133,27 @@ def keyword_index(c: Container, collection: str, col: Any) -> KeywordIndex:
     with thread_lock:  # this process's threads: one catch-up, the others then find it done
         index = _opened(c, col, key)
         if _reloaded(index, key).state.revision != c.store.revision(collection):
-            _locked_catch_up(c, collection, col, index)
+            index = _caught_up(c, collection, col, index, key)
     return index
+
+
+def _caught_up(c: Container, collection: str, col: Any, index: KeywordIndex,
+               key: tuple[str, str, tuple[int, int]]) -> KeywordIndex:
+    """`index` caught up; if its folder can no longer be written (made read-only or immutable after it was
+    saved: tantivy's commit raised ValueError "A worker thread encountered an error", the lock file
+    PermissionError), an in-memory index built from the store, kept for this process, with one warning."""
+    try:
+        _locked_catch_up(c, collection, col, index)
+        return index
+    except (OSError, ValueError) as exc:
+        if index.path is None:
+            raise
+        log.warning("could not update the keyword index at %s (%s); using one in memory", index.path, exc)
+    memory = KeywordIndex(weights=index.weights)
+    catch_up(c, collection, col, memory)
+    with _open_lock:
+        _open[key] = memory
+    return memory
 
 
 def _reloaded(index: KeywordIndex, key: tuple[str, str, tuple[int, int]]) -> KeywordIndex:
@@ -147,10 +171,22 @@ def _opened(c: Container, col: Any, key: tuple[str, str, tuple[int, int]]) -> Ke
     with _open_lock:
         index = _open.get(key)
     if index is None:
-        index = open_index(persist_folder(c, col), key[2])
+        index = _owned(open_index(persist_folder(c, col), key[2]), str(col.id))
         with _open_lock:
             index = _open.setdefault(key, index)
     return index
+
+
+def _owned(index: KeywordIndex, collection_id: str) -> KeywordIndex:
+    """`index` if it was built from this Chroma collection (or before ids were kept: the next catch-up rebuilds
+    it); else an in-memory one. Another collection's index (a symlinked or copied folder) served its chunks
+    as ghosts, and rebuilding it in place would wreck that collection's."""
+    held = index.state.collection
+    if held is None or held == collection_id:
+        return index
+    log.warning("keyword index at %s belongs to collection %s, not %s; using one in memory", index.path, held,
+                collection_id)
+    return KeywordIndex(weights=index.weights)
 
 
 def open_index(folder: Path, weights: tuple[int, int]) -> KeywordIndex:
@@ -162,6 +198,8 @@ def open_index(folder: Path, weights: tuple[int, int]) -> KeywordIndex:
         remove_old_indexes(folder)
         try:
             return KeywordIndex.open(path, weights)
+        except OSError:  # the folder cannot be written: nothing to rebuild, the memory fallback below
+            raise
         except Exception as exc:  # truncated, altered, garbage: never trusted
             log.warning("keyword index at %s is unusable (%s); rebuilding it", path, exc)
         with _file_lock(folder, weights):
@@ -243,9 +281,9 @@ def catch_up(c: Container, collection: str, col: Any, index: KeywordIndex) -> Ca
     store = c.store
     rev = store.revision(collection)
     state = index.state
-    if state.revision == rev:
+    if state.revision == rev and state.collection == str(col.id):
         return None
-    if not index.has_state:
+    if not index.has_state or state.collection != str(col.id):  # new, or saved before ids were kept
         done = _build(store, collection, col, index, rev, started)
     else:
         done = _update(store, collection, col, index, rev, started)
@@ -267,7 +305,8 @@ def _build(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str,
             if chunk_pages.is_visible(meta, current):
                 yield str(meta.get("source_document")), Chunk(cid, text, meta)
 
-    written = index.apply([], visible(), IndexState(rev, started), current, replace_all=True)
+    state = IndexState(rev, _announced_at(store, collection, rev, started), str(col.id))
+    written = index.apply([], visible(), state, current, replace_all=True)
     return CatchUp(collection, "build", sorted(current), written.chunks, entries=written.entries,
                    state_bytes=written.state_bytes)
 
@@ -278,7 +317,7 @@ def _update(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str
     state = index.state
     from_log = _logged_documents(store, collection, state, rev, started)
     if from_log is None:
-        mode, manifests, log_at = "diff", _manifests(store, collection), started
+        mode, manifests, log_at = "diff", _manifests(store, collection), _announced_at(store, collection, rev, started)
         held = index.all_versions()
         candidates = set(manifests) | set(held)
     else:
@@ -289,22 +328,34 @@ def _update(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str
                      if (manifests[d]["content_hash"] if d in manifests else None) != held.get(d))
     versions = {d: manifests[d]["content_hash"] for d in targets if d in manifests}
     written = index.apply(targets, _current_chunks(col, collection, [manifests[d] for d in versions]),
-                          IndexState(rev, max(log_at, state.log_at)), versions)
+                          IndexState(rev, log_at, str(col.id)), versions)
     return CatchUp(collection, mode, targets, written.chunks, entries=written.entries,
                    state_bytes=written.state_bytes)
 
 
 def _logged_documents(store: Any, collection: str, state: IndexState, rev: str,
                       now_ns: int) -> tuple[set[str], int] | None:
-    """The documents the change log names since the index's position, and the newest record's time; None when
-    the log cannot be trusted to name every change (see the module docstring)."""
+    """The documents the change log names since the index's position, and the time of the record announcing
+    `rev`; None when the log cannot be trusted to name every change (see the module docstring): it must hold
+    the record of the index's own revision too, else the log does not continue from the index (the store was
+    restored from a backup older than the index: the next write's record announced the current revision and
+    only its documents were re-applied, the restore-undone text stayed in the index)."""
     skew = (EMBEDDED_SKEW_SECONDS if store.kind == "embedded" else SKEW_SECONDS) * 1_000_000_000
     if not state.log_at or now_ns - state.log_at > CHANGE_LOG_SECONDS * 1_000_000_000 - skew:
         return None
-    records = store.changes_since(collection, state.log_at - skew)
-    if not any(r.get("revision") == rev for r in records):
+    records = store.changes_since(collection, state.log_at - skew - 1)
+    at = {r.get("revision"): int(r["at"]) for r in records}
+    if rev not in at or state.revision not in at:
         return None
-    return {d for r in records for d in r["documents"]}, max(int(r["at"]) for r in records)
+    return {d for r in records for d in r["documents"]}, at[rev]
+
+
+def _announced_at(store: Any, collection: str, rev: str, now_ns: int) -> int:
+    """When the change record announcing `rev` was written (the whole log read: builds and full diffs only), so
+    the next catch-up finds the index's revision in the log; `now_ns` if no record announced it (a bump by
+    `doctor`: the next catch-up is a full diff again)."""
+    records = store.changes_since(collection, now_ns - CHANGE_LOG_SECONDS * 1_000_000_000)
+    return next((int(r["at"]) for r in records if r.get("revision") == rev), now_ns)
 
 
 def _manifests(store: Any, collection: str, documents: set[str] | None = None) -> dict[str, dict[str, Any]]:
