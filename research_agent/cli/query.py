@@ -37,6 +37,8 @@ def query(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", min=1,
                                              help="Stop adding results at this many tokens."),
     snippets: bool = typer.Option(False, "--snippets", help="Return the most relevant excerpt of each chunk."),
+    explain: bool = typer.Option(False, "--explain",
+                                 help="Show each hit's ranks, scores and the query words it matched."),
 ) -> None:
     """Search the knowledge base.
 
@@ -51,6 +53,8 @@ def query(
       git diff | research-agent query "why does the retry test fail" --context-file -
 
       echo "retry policy" | research-agent query -
+
+      research-agent query "retry budget" --explain
     """
     if collections is not None and project is not None:
         raise typer.BadParameter("pass either --collections or --project, not both", param_hint="'--project'")
@@ -65,7 +69,7 @@ def query(
 
     result = state.read(query_knowledge, text, collections=split_names(collections), project=project, top_k=top_k,
                         document_context=context, mode=mode, rerank=not no_rerank, filters=parse_filters(filter),
-                        max_tokens=max_tokens, snippets=snippets)
+                        max_tokens=max_tokens, snippets=snippets, explain=explain)
     render.emit(state, result, render.query_result)
 
 

@@ -269,6 +269,19 @@ def hit_location(hit: Any, path: str | None, cwd: Path | None = None) -> str:
     return f"{where} (page {page})" if isinstance(page, int) else where
 
 
+def explain_line(e: dict[str, Any]) -> str:
+    """`dense #3 0.61 · keyword #1 12.4 · fused 0.83 · rerank – · matched content: retry; title: retry`: a
+    hit's `explain` object on one line (– for a side that did not see the hit)."""
+    def side(name: str) -> str:
+        rank, score = e.get(f"{name}_rank"), e.get(name)
+        return " ".join([name, *([f"#{rank}"] if rank else []), "–" if score is None else f"{score:.3g}"])
+
+    fused, rerank = e.get("fused"), e.get("rerank")
+    matched = "; ".join(f"{field}: {', '.join(words)}" for field, words in (e.get("matched") or {}).items() if words)
+    return " · ".join([side("dense"), side("keyword"), f"fused {'–' if fused is None else f'{fused:.3g}'}",
+                       f"rerank {'–' if rerank is None else f'{rerank:.3g}'}", f"matched {matched or '–'}"])
+
+
 def query_result(console: Console, r: Any) -> None:
     warn(r.warnings)
     # No warning when reranking was turned off (--no-rerank, rerank: false): the user asked for it. A reranker
@@ -282,6 +295,8 @@ def query_result(console: Console, r: Any) -> None:
                       f"[cyan]{escape(hit_location(hit, path, cwd))}[/cyan]"
                       + (f"  [dim]{escape(hit.header_path)}[/dim]" if hit.header_path else ""))
         console.print(f"   {escape(_snippet(hit.content))}")
+        if hit.explain:
+            console.print(f"   [dim]{escape(explain_line(hit.explain))}[/dim]")
     refinement = r.query_refinement
     style = "dim" if refinement.status == "optimal" else "yellow"
     console.print(f"[{style}]{escape(refinement.message)}[/{style}]")

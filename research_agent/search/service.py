@@ -17,7 +17,7 @@ from research_agent.search import calibration
 from research_agent.search.filters import validate_filters
 from research_agent.search.refine import QueryRefinement, refine
 from research_agent.search.retrieve import Candidate, cap_per_document, retrieve_candidates
-from research_agent.text import checked_text, clean_text, snippet
+from research_agent.text import checked_text, clean_text, keyword_words, snippet, stemmer
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -37,6 +37,9 @@ class QueryHit(BaseModel):
     line_start: int | None = None
     line_end: int | None = None
     page: int | None = None
+    #: Why the hit ranks where it does, with `explain` only (null otherwise, so the shape stays the same):
+    #: see `explain_hit`.
+    explain: dict[str, Any] | None = None
 
 
 class QueryResult(BaseModel):
@@ -186,6 +189,34 @@ def _hits(c: Container, query: str, pool: list[Candidate], scores: list[float], 
     return hits, used_tokens, False
 
 
+#: Metadata keys of a hit's title line: the document's title, a front-matter node's title, its header path.
+TITLE_KEYS = ("document_title", "title", "node_title", "header_path")
+
+
+def matched_words(query: str, text: str) -> list[str]:
+    """The query's keyword words (research_agent.text.keyword_words, in query order, once each) whose Snowball
+    stem is among the stems of `text`: the analyzer BM25 uses, so "retries" in the query matches "retry"."""
+    words = list(dict.fromkeys(keyword_words(query)))
+    found = set(stemmer().stemWords(keyword_words(text))) if words and text else set()
+    return [w for w, st in zip(words, stemmer().stemWords(words)) if st in found] if found else []
+
+
+def explain_hit(query: str, cand: Candidate, mode: str, fusion: str | None) -> dict[str, Any]:
+    """One hit's ranks and scores as `metadata.retrieval`/`ranks` hold them (rounded to 4 places; a side that
+    did not see the hit is null) and the query words found in its content, title line and front-matter
+    keywords (issue 17, as tobi/qmd's --explain). Computed for the returned hits only (at most top_k)."""
+    meta = cand.metadata
+    title = " ".join(str(meta[k]) for k in TITLE_KEYS if isinstance(meta.get(k), str))
+    kw = meta.get("keywords")
+    keywords = " ".join(map(str, kw)) if isinstance(kw, list) else kw if isinstance(kw, str) else ""
+    score = {k: None if v is None else round(v, 4) for k, v in (
+        ("dense", cand.dense), ("keyword", cand.keyword), ("fused", cand.fused), ("rerank", cand.rerank))}
+    return {"dense_rank": cand.ranks.get("dense"), "keyword_rank": cand.ranks.get("keyword"), **score,
+            "mode": mode, "fusion": fusion,
+            "matched": {"content": matched_words(query, cand.text), "title": matched_words(query, title),
+                        "keywords": matched_words(query, keywords)}}
+
+
 def _set_paths(c: Container, hits: list[QueryHit]) -> None:
     """Each hit's file path from its document's manifest (one registry read for the page of hits): chunk
     metadata holds the document key, which for a folder ingest is relative to the folder, not to anything the
@@ -204,14 +235,15 @@ def _set_paths(c: Container, hits: list[QueryHit]) -> None:
 def query_knowledge(c: Container, query: str, *, collections: list[str] | None = None, project: str | None = None,
                     top_k: int = 10, document_context: str | None = None, mode: str = "hybrid",
                     rerank: bool = True, filters: dict[str, Any] | None = None, max_tokens: int | None = None,
-                    snippets: bool = False, per_document_cap: int | None = None) -> QueryResult:
+                    snippets: bool = False, per_document_cap: int | None = None,
+                    explain: bool = False) -> QueryResult:
     """Search collections and return the top_k chunks, reranked by the cross-encoder when it is available.
 
     filters: {field: value or [values]} on content_type, kind, node_type, status, tags/keywords,
     code_language, document, collection. max_tokens: stop adding hits once their contents would exceed
     this many (estimated) tokens; the first hit is always returned. snippets: return the ~60-token window
     of each chunk that best matches the query instead of the whole chunk. per_document_cap: override
-    settings.per_document_cap (0 = no cap).
+    settings.per_document_cap (0 = no cap). explain: give each hit an `explain` object (`explain_hit`).
     """
     s = c.settings
     t0 = time.perf_counter()
@@ -238,6 +270,10 @@ def query_knowledge(c: Container, query: str, *, collections: list[str] | None =
                                     warnings)
     reranked = any(cand.rerank is not None for cand in pool)
     hits, used_tokens, truncated = _hits(c, query, pool[:top_k], scores, snippets=snippets, max_tokens=max_tokens)
+    if explain:
+        fusion = s.fusion_method if mode == "hybrid" else None
+        for hit, cand in zip(hits, pool):
+            hit.explain = explain_hit(query, cand, mode, fusion)
     timings["total"] = (time.perf_counter() - t0) * 1000
     return QueryResult(query=query, mode=mode, collections=names, reranked=reranked, warnings=warnings, results=hits,
                        query_refinement=refine(query, hits, s), timings_ms={k: round(v, 1) for k, v in timings.items()},
