@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from research_agent.errors import CollectionError, QueryError
+from research_agent.ingest.nodes import STORED_EXTRA_KEYS
 from research_agent.search import calibration
 from research_agent.search.filters import validate_filters
 from research_agent.search.refine import QueryRefinement, refine
@@ -190,7 +191,7 @@ def _hits(c: Container, query: str, pool: list[Candidate], scores: list[float], 
 
 
 #: Metadata keys of a hit's title line: the document's title, a front-matter node's title, its header path.
-TITLE_KEYS = ("document_title", "title", "node_title", "header_path")
+TITLE_KEYS = ("document_title", "title", STORED_EXTRA_KEYS["title"], "header_path")
 
 
 def matched_words(query: str, text: str) -> list[str]:
