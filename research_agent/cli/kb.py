@@ -81,20 +81,14 @@ def add_folder(
     state = get_state(ctx)
     c = state.container()
     if create:
-        _require_path(path)  # a typo left an empty collection behind (exit 5 after creating it)
+        from research_agent.ingest.prepare import require_existing
+
+        require_existing(path, None)  # a typo left an empty collection behind (exit 5 after creating it)
         create_collection(state, collection, type=type, description=description, exist_ok=True)
     with render.ingest_progress(state) as progress, _suggest_create(c, collection, create):
         report = ingest_path(c, path, collection, recursive=recursive, include=include,
                              exclude=exclude, prune=prune, strict=strict, progress=progress)
     render.emit(state, report, render.ingest_report)
-
-
-def _require_path(path: Path) -> None:
-    from research_agent.errors import DocumentError
-
-    if not path.exists():
-        raise DocumentError(f"No such file or folder: {path}", path=str(path)[:200],
-                            guidance="Check the path; no collection was created.")
 
 
 @contextmanager

@@ -107,14 +107,6 @@ def find_one(c: Container, collection: str, document: str) -> dict[str, Any]:
                                  f"`research-agent kb list-documents --collection {collection}`.")
 
 
-def document_paths(c: Container, documents: list[tuple[str, str]]) -> dict[tuple[str, str], str | None]:
-    """The file path of each (collection, document key), from its manifest (None for research and notes): what
-    `research-agent query` needs to print `path:line`, since chunk metadata holds the key, not the path."""
-    keys = {document_key(collection, document): (collection, document) for collection, document in documents}
-    return {keys[key]: manifest.get("path") for key, manifest in c.store.registry_get(list(keys)).items()
-            if key in keys}
-
-
 class DocumentLine(BaseModel):
     n: int
     text: str

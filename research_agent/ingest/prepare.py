@@ -67,6 +67,16 @@ def check_allowed(path: Path, allowed_roots: list[Path] | None) -> Path:
     return resolved
 
 
+def require_existing(path: Path, allowed_roots: list[Path] | None) -> Path:
+    """`check_allowed`, and the path must exist: what `--create` (CLI) and `create` (MCP) check before they create a
+    collection, so a typo leaves no empty collection behind."""
+    target = check_allowed(path, allowed_roots)
+    if not target.exists():
+        raise DocumentError(f"No such file or folder: {folder.display(str(path)[:200])}",
+                            path=folder.display(str(path)[:200]), guidance="Check the path; no collection was created.")
+    return target
+
+
 def _path_problem(exc: Exception) -> str:
     """Why a path could not be resolved, in words: Path.resolve reports a symlink loop as a bare RuntimeError
     before Python 3.13 (the message was "Unusable path: RuntimeError") and as ELOOP after."""

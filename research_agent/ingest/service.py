@@ -175,7 +175,7 @@ def _embed(embedder: Any, new: writer.Versions, tell: Callable[[int, int], None]
                                   lambda done: tell(done, len(new.ids)))
 
 
-def _commit(c: Container, collection: str, new: writer.Versions, dimension: int) -> int:
+def commit_versions(c: Container, collection: str, new: writer.Versions, dimension: int) -> int:
     """One write through storage/writer.py's protocol, under the write lock, after recovering dead writers."""
     with c.store.write_lock():
         col = open_collection(c, collection)
@@ -197,7 +197,7 @@ def write_documents(c: Container, collection: str, docs: list[PreparedDocument],
     new = _versions(collection, docs)
     embedder = c.embedder
     _embed(embedder, new, embedded or (lambda done, total: None))
-    return _commit(c, collection, new, embedder.dimension)
+    return commit_versions(c, collection, new, embedder.dimension)
 
 
 def recover_interrupted(c: Container, collection: str, col: Any, *, min_age: float | None = None) -> int:
@@ -476,7 +476,7 @@ class _Run:
             self.progress("embedding", files_done=self.committed, chunks_done=self.report.chunks_written + done,
                           files_progress=self.committed + (batch.files_done - self.committed) * share)
         elif kind == "encoded":
-            self.report.chunks_written += _commit(self.c, self.collection, event[1].new, self.dimension)
+            self.report.chunks_written += commit_versions(self.c, self.collection, event[1].new, self.dimension)
             self.committed = event[1].files_done
             self.written()
             _return_freed_memory()

@@ -565,7 +565,7 @@ def _flush(job: _Import) -> None:
                                           lambda done: None)
         for i, vector in zip(missing, vectors):
             new.vectors[i] = vector
-    job.report.chunks += service._commit(job.c, job.target, new, int(dimension or 0))
+    job.report.chunks += service.commit_versions(job.c, job.target, new, int(dimension or 0))
     job.batch = writer.Versions()
 
 

@@ -91,15 +91,13 @@ def _create_for(c: Any, path: str, collection: str, *, url: bool, allowed_roots:
     or URL passed the checks the ingest makes first, so a typo leaves no empty collection behind; an existing
     collection of either type is used as it is."""
     from research_agent.catalog.collections import ensure_collection
-    from research_agent.errors import DocumentError
-    from research_agent.ingest import check_allowed, folder
+    from research_agent.ingest.prepare import require_existing
     from research_agent.ingest.web import check_url
 
     if url:
         check_url(path, c.settings.url_allowed_hosts)
-    elif not check_allowed(Path(path), allowed_roots).exists():
-        raise DocumentError(f"No such file or folder: {folder.display(path)}", path=folder.display(path[:200]),
-                            guidance="Check the path; no collection was created.")
+    else:
+        require_existing(Path(path), allowed_roots)
     return ensure_collection(c, collection, exist_ok=True)
 
 
