@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 COLLECTION = "scale"
 
 CHILD_QUERY = """
-import json, sys, time
+import json, resource, sys, time
 t0 = time.perf_counter()
 from research_agent.container import build_container
 from research_agent.search import keyword_sync
@@ -46,7 +46,8 @@ with c.store.session():
 t2 = time.perf_counter()
 done = [{"mode": x.mode, "documents": len(x.documents), "chunks": x.chunks, "seconds": x.seconds}
         for x in keyword_sync.RECENT]
-print(json.dumps({"process_s": t2 - t0, "query_s": t2 - t1, "hits": len(res.results), "catch_ups": done}))
+print(json.dumps({"process_s": t2 - t0, "query_s": t2 - t1, "hits": len(res.results), "catch_ups": done,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 CHILD_WRITE = """
@@ -176,6 +177,10 @@ def main() -> int:
     out["after_other_process_write"] = after_write(c, store)
     out["new_process_after_write"] = json.loads(child(CHILD_QUERY, str(store), queries[2], COLLECTION))
     out["index_disk_mb"] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
+    out["store_disk_mb"] = sum(f.stat().st_size for f in store.rglob("*") if f.is_file()) / 1e6
+    import resource
+
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out, indent=None if args.json else 2))
     return 0
 
