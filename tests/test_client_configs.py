@@ -55,7 +55,8 @@ async def _session(entry: dict[str, Any], env: dict[str, str], body: Any) -> Any
 
     params = StdioServerParameters(command=entry["command"], args=entry["args"], env={**env, **entry["env"]},
                                    cwd=entry["cwd"] or str(Path.cwd()))
-    with open(Path.cwd() / "server-stderr.log", "w") as errlog:
+    # The server's stderr goes beside the test's store, never into the working directory (a clone stays clean).
+    with open(Path(env["RESEARCH_AGENT_STORE"]).parent / "server-stderr.log", "w") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write):
             async with ClientSession(read, write) as session:
                 init = await session.initialize()
