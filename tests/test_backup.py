@@ -215,6 +215,41 @@ def test_an_empty_collection_exports_and_imports(fake_embedder, container, tmp_p
     assert get_collection_info(container, "empty-copy").description == "Nothing yet"
 
 
+def test_overwriting_an_export_keeps_the_old_files_permissions(fake_embedder, container, tmp_path):
+    # A 0600 backup replaced with --force must not come back world-readable (it holds every chunk's text).
+    create_collection(container, "private", description="Secrets")
+    path = tmp_path / "private.jsonl"
+    path.write_text("old")
+    path.chmod(0o600)
+    export_collection(container, "private", path, overwrite=True)
+    assert (path.stat().st_mode & 0o777, _lines(path)[0]["collection"]["name"]) == (0o600, "private")
+    fresh = tmp_path / "fresh.jsonl"
+    old_umask = os.umask(0o077)
+    try:
+        export_collection(container, "private", fresh)
+    finally:
+        os.umask(old_umask)
+    assert fresh.stat().st_mode & 0o777 == 0o600  # a new file follows the user's umask
+
+
+def test_a_full_output_stream_is_a_coded_error_naming_the_cause(fake_embedder, container):
+    # `export kb -o - > /dev/full` said "Unexpected failure (OSError)".
+    import errno
+    import io
+
+    class Full(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    create_collection(container, "full-disk", description="x")
+    with pytest.raises(DocumentError, match="No space left on device") as info:
+        export_collection(container, "full-disk", Full())
+    assert "free space" in info.value.data["guidance"]
+
+
 def _tamper(lines: list[dict[str, Any]], how: str) -> tuple[list[dict[str, Any]], int]:
     """A valid export changed one way; returns the lines and the line number the import must name."""
     lines = json.loads(json.dumps(lines))

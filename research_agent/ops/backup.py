@@ -186,8 +186,14 @@ def export_collection(c: Container, collection: str, out: str | Path | IO[bytes]
             report = _export(c, collection, col, stream, with_embeddings)
         report.path = folder.display(str(target))
     else:
-        report = _export(c, collection, col, out, with_embeddings)
-        out.flush()
+        try:
+            report = _export(c, collection, col, out, with_embeddings)
+            out.flush()
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): the CLI ends quietly, as other tools do
+        except OSError as exc:  # `-o - > /dev/full`: say why, not "Unexpected failure"
+            raise DocumentError(f"Cannot write the export: {exc.strerror or exc}",
+                                guidance="Check the output's free space and permissions.") from None
     report.seconds = round(time.perf_counter() - started, 3)
     return report
 
@@ -282,6 +288,8 @@ def _atomic_file(target: Path) -> Iterator[IO[bytes]]:
             yield stream
             stream.flush()
             os.fsync(stream.fileno())
+        with contextlib.suppress(FileNotFoundError):  # a replaced export keeps its mode (a 0600 backup stays 0600)
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
         os.replace(tmp, target)
     except OSError as exc:
         raise DocumentError(f"Cannot write {folder.display(str(target))}: {exc.strerror or exc}",
