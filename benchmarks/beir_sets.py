@@ -95,8 +95,10 @@ def chart(results: list[dict], path: Path) -> None:
         ax.bar_label(bars, fmt="%.3f", fontsize=7)
     ax.set_xticks(range(len(results)), [f"{r['set']} ({r['queries']} q)" for r in results])
     ax.set_ylabel("nDCG@10")
-    ax.set_title("Retrieval quality per mode (all-MiniLM-L6-v2, bm25s)")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.set_title("Retrieval quality per mode (all-MiniLM-L6-v2, BM25 on tantivy)")
+    top = max((r["modes"].get(m, {}).get("ndcg") or 0 for r in results for m in modes), default=1.0)
+    ax.set_ylim(0, top * 1.2)  # room for the legend above the bars (it hid CoSQA's hybrid label)
+    ax.legend(loc="upper center", ncol=3, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -108,10 +110,16 @@ def main() -> int:
     ap.add_argument("--modes", default="semantic,keyword,hybrid")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--ingest-only", action="store_true")
+    ap.add_argument("--cache", default=None,
+                    help="read the stores from this folder instead of benchmarks/.cache (e.g. a copy: a query run "
+                         "opens locks and may save the keyword index beside the store)")
     ap.add_argument("--chart", default=None, help="write a bar chart (PNG; needs matplotlib)")
     ap.add_argument("--out", default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
     names = [n.strip() for n in args.sets.split(",") if n.strip()]
+    if args.cache:
+        global CACHE
+        CACHE = Path(args.cache)
     data_root = Path(args.data)
     missing = [n for n in names if not (data_root / n / "corpus.jsonl").is_file()]
     if missing:

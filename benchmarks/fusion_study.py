@@ -4,14 +4,23 @@ Usage: .venv/bin/python benchmarks/fusion_study.py dump SET SPLIT   # e.g. dump 
        .venv/bin/python benchmarks/fusion_study.py compare           # every dumped pool, every rule
        .venv/bin/python benchmarks/fusion_study.py fit               # the adaptive weight, on train/dev pools only
        .venv/bin/python benchmarks/fusion_study.py chart             # beir_sets.png from the test pools
+       .venv/bin/python benchmarks/fusion_study.py ceiling [POOL...]  # w = 0.5, best constant, oracle per query
+       .venv/bin/python benchmarks/fusion_study.py sections SET SPLIT... [--cache DIR]  # BM25 per piece vs per section
 
 `dump` runs the hybrid retrieval (research_agent.search.retrieve.retrieve_candidates, 50 candidates per retriever, as
 `query_knowledge` asks for) for every judged query of a split and stores each candidate's raw cosine and BM25
-score under benchmarks/.cache/pools/. Semantic and keyword orders are exact on the pool: a chunk outside
-the dense top 50 has a lower cosine than all of it (likewise BM25). `compare` ranks each pool by each fusion
-rule of research_agent.search.service (one slot per document, as `eval` ranks) and prints nDCG@10 per set and rule.
+score (and its section's node id) under benchmarks/.cache/pools/. Semantic and keyword orders are exact on the
+pool: a chunk outside the dense top 50 has a lower cosine than all of it (likewise BM25). `compare` ranks each
+pool by each fusion rule of research_agent.search.service (one slot per document, as `eval` ranks) and prints
+nDCG@10 per set and rule.
 `fit` fits the per-query dense weight of research_agent.search.retrieve.adaptive_dense_weight on the train/dev pools
 (FIT_POOLS) and prints its constants with dev and test nDCG@10; test pools are only reported, never fitted.
+`ceiling` prints what no convex min-max rule can beat on a pool: the best constant weight and the oracle
+weight per query (both chosen on the pool's own judgments, so bounds to report, never settings to ship).
+`sections` asks what splitting a section into pieces (every chunk fits the embedder's 256 tokens) cost: it
+ranks the pools with bm25s (benchmarks/keyword_engines.py's analyzer and token layout) over each piece and over
+each whole section (node), keyword alone and fused with the pool's cosines (best piece per section), at w = 0.5
+and with the shipped adaptive weight.
 Splits come from ../shared/data, or benchmarks/data for SciFact train and CoSQA dev (beir_sets.split_files).
 """
 
@@ -43,8 +52,8 @@ def dump(name: str, split: str, limit: int | None = None) -> Path:
         for i, qid in enumerate(todo, start=1):
             cands = retrieve_candidates(c, queries[qid][: c.settings.max_query_chars], [name], mode="hybrid", n=50)
             fh.write(json.dumps({"qid": qid, "qrels": qrels[qid], "cands": [
-                [x.metadata.get("source_document"), round(x.dense or 0.0, 5), round(x.keyword or 0.0, 4)]
-                for x in cands]}) + "\n")
+                [x.metadata.get("source_document"), round(x.dense or 0.0, 5), round(x.keyword or 0.0, 4),
+                 x.metadata.get("node_id"), x.id] for x in cands]}) + "\n")
             if i % 200 == 0:
                 print(f"{name} {split}: {i}/{len(todo)}", file=sys.stderr, flush=True)
     return out
@@ -212,6 +221,90 @@ def fit_weight() -> None:
               f"w=0.5 {tab[1][:, 50].mean():.4f}")
 
 
+def ceiling(pools: list[str]) -> dict[str, dict[str, float]]:
+    """nDCG@10 of convex min-max fusion at w = 0.5, at the best constant weight and at the best weight per
+    query (an oracle), each weight from WEIGHTS; the last two are fitted on the pool's own judgments."""
+    out = {}
+    for p in pools:
+        _, Y = weight_table(load(*p.split("-")))
+        mean = Y.mean(0)
+        best = int(mean.argmax())
+        out[p] = {"w0.5": float(mean[WEIGHTS.index(0.5)]), "best_w": WEIGHTS[best], "best_constant": float(mean[best]),
+                  "oracle_per_query": float(Y.max(1).mean())}
+        print(f"{p}: w=0.5 {out[p]['w0.5']:.4f}, best constant w={WEIGHTS[best]:.2f} {mean[best]:.4f}, "
+              f"oracle per-query w {out[p]['oracle_per_query']:.4f}")
+    return out
+
+
+def _bm25_indexes(name: str, cache: Path | None):
+    """bm25s over every piece and over every section (a node's pieces joined, title and keywords once)."""
+    import bm25s
+
+    import keyword_engines as ke
+
+    if cache:
+        ke.CACHE = cache
+    an = ke.Analyzer()
+    rows = ke.make_rows(ke.load_chunks(name, None), an)
+    sections: dict[str, list[dict]] = {}
+    for r in rows:
+        sections.setdefault(r["meta"].get("node_id"), []).append(r)
+    tokens = {n: sum((r["stems"]["content"] for r in sorted(rs, key=lambda r: r["meta"].get("chunk_sequence_id", 0))),
+                     []) + rs[0]["stems"]["title"] * 2 + rs[0]["stems"]["keywords"] * 3 for n, rs in sections.items()}
+    pieces, whole = bm25s.BM25(), bm25s.BM25()
+    pieces.index([ke.rep_tokens(r) for r in rows], show_progress=False)
+    whole.index(list(tokens.values()), show_progress=False)
+    return an, (pieces, {r["id"]: i for i, r in enumerate(rows)}), (whole, {n: i for i, n in enumerate(tokens)})
+
+
+def _bm25_of(index, terms: list[str], keys: list[str]):
+    import numpy as np
+
+    ix, pos = index
+    known = [t for t in terms if t in ix.vocab_dict]
+    scores = ix.get_scores(known) if known else np.zeros(len(pos))
+    return np.array([scores[pos[k]] for k in keys])
+
+
+def _best_per(groups: list[str], x):
+    import numpy as np
+
+    best: dict[str, float] = {}
+    for g, v in zip(groups, x):
+        best[g] = max(best.get(g, -1e9), v)
+    return np.array([best[g] for g in groups])
+
+
+def sections(name: str, splits: list[str], cache: Path | None) -> dict[str, dict[str, float]]:
+    """nDCG@10 per pool: keyword and w = 0.5 hybrid with BM25 per piece and per whole section."""
+    import numpy as np
+
+    from keyword_engines import judged_queries
+    from research_agent.search.retrieve import fusion_scores
+
+    an, pieces, whole = _bm25_indexes(name, cache)
+    out = {}
+    for split in splits:
+        queries, _ = judged_queries(name, split=split)
+        sums: dict[str, float] = {}
+        recs = load(name, split)
+        for r in recs:
+            docs, d, _ = pool_arrays(r)
+            terms = an.stems(queries[r["qid"]])
+            kp = _bm25_of(pieces, terms, [c[4] for c in r["cands"]])
+            ks = _bm25_of(whole, terms, [c[3] for c in r["cands"]]) + 1e-6 * kp
+            ds = _best_per([c[3] for c in r["cands"]], d) + 1e-6 * d
+            for rule, score in (("keyword_pieces", kp), ("keyword_sections", ks),
+                                ("hybrid0.5_pieces", 0.5 * _mm(d) + 0.5 * _mm(kp)),
+                                ("hybrid0.5_sections", 0.5 * _mm(ds) + 0.5 * _mm(ks)),
+                                ("adaptive_pieces", np.asarray(fusion_scores(list(d), list(kp)))),
+                                ("adaptive_sections", np.asarray(fusion_scores(list(ds), list(ks))))):
+                sums[rule] = sums.get(rule, 0.0) + ndcg10(rank_by(r, lambda *_: score), r["qrels"])
+        out[f"{name}-{split}"] = {k: v / len(recs) for k, v in sums.items()}
+        print(f"{name}-{split}: " + ", ".join(f"{k} {v:.4f}" for k, v in out[f"{name}-{split}"].items()), flush=True)
+    return out
+
+
 def compare(pools: list[str]) -> None:
     sets = {p: load(*p.split("-")) for p in pools}
     rs = rules()
@@ -235,5 +328,12 @@ if __name__ == "__main__":
         chart(res, ROOT / "benchmarks" / "beir_sets.png")
     elif sys.argv[1] == "fit":
         fit_weight()
+    elif sys.argv[1] == "ceiling":
+        ceiling(sys.argv[2:] or [*(p for g in FIT_POOLS for p in g), *TEST_POOLS])
+    elif sys.argv[1] == "sections":
+        args = sys.argv[2:]
+        cache = Path(args[args.index("--cache") + 1]) if "--cache" in args else None
+        args = [a for i, a in enumerate(args) if a != "--cache" and (i == 0 or args[i - 1] != "--cache")]
+        sections(args[0], args[1:], cache)
     elif sys.argv[1] == "compare":
         compare(sys.argv[2:] or sorted(p.stem for p in POOLS.glob("*.jsonl")))
