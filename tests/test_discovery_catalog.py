@@ -105,6 +105,46 @@ def test_message_advice_is_true_to_the_bands_listed():
     assert "include_children" not in msg  # no item is marked include_children here
 
 
+def test_tool_sections_never_collapse_into_their_server():
+    """Issue 14, fifth round: a 3-tool PlantUML server (encode, decode, generate) was recommended whole (0.90) for
+    "I have an encoded PlantUML string ... need the plain diagram source back": decode (0.90) and encode (0.83)
+    each matched a task word the other did not, 2 of 3 children, so the server stood for both and the decoder
+    left the list. Tools are alternatives to call, not parts to read together: they stay themselves. The same
+    tree of curated sections (no `Parameters:` line) still collapses."""
+    def tree(tools: bool):
+        nodes = {"p": make_node("p", children=["x", "y", "z"], tokens=10, document="d.md"),
+                 **{k: make_node(k, "p", document="d.md") for k in "xyz"}}
+        if tools:
+            for k in "xyz":
+                nodes[k].sides = (frozenset({f"in_{k}"}), frozenset({f"out_{k}"}))
+        ix = discovery.NodeIndex("k", nodes, list(nodes), None, None, {}, {"d.md": list(nodes)})
+        scores = {"p": 0.15, "x": 0.9, "y": 0.83, "z": 0.49}
+        return [ranking.Scored(nodes[k], ix, s, 0.73, 0.5, 0.3, [], [k], []) for k, s in scores.items()]
+
+    ranked, listed = ranking.rank(tree(tools=True), 0.5, 3000)
+    assert [s.node.id for s in listed[:2]] == ["x", "y"] and not any(s.include_children for s in ranked)
+    ranked, _ = ranking.rank(tree(tools=False), 0.5, 3000)
+    assert ranked[0].node.id == "p" and ranked[0].include_children
+
+
+@pytest.mark.slow
+def test_catalog_decoder_is_listed_not_its_three_tool_server(tmp_path):
+    """The same on the real server file and model: the old code answered the whole PlantUML server (0.88,
+    include_children) and nothing else; the decoder is the first answer now, a tool, not the server."""
+    from conftest import isolated_container
+
+    with isolated_container(tmp_path) as c:
+        collections.create_collection(c, "tools")
+        report = ingest.ingest_path(c, SLICE.parent / "toolgym_plantuml", "tools", include=["infobip_*.md"])
+        assert report.added == 1 and not report.failed
+        res = discovery.discover_context(c, "I have an encoded PlantUML string copied from a diagram URL and need "
+                                            "the plain diagram source back", max_results=10, collections=["tools"])
+    top = res.recommendations[0]
+    assert top.title == "decode_plantuml" and not top.include_children, [(r.title, r.relevance_score)
+                                                                           for r in res.recommendations]
+    assert not any(r.include_children for r in res.recommendations)
+
+
 # -- a real catalog slice ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def catalog(tmp_path_factory):

@@ -346,7 +346,11 @@ def _absorb(parent: Scored, kids: list[Scored], min_score: float, max_tokens: in
     well ("error handling and logging": 0.88 and 0.45, cosines 0.67 and 0.60) would never look close.
     A close sibling must also match a task word the leader does not: the parent is worth loading when
     its sections answer different parts of the task, not when two tools of one server both say "Slack".
+    Tool sections (a `Parameters:` line, node.sides) never count: a tool is called alone, so two matching
+    tools of one server are a choice between them, not a server to read (ToolGym dev: a 3-tool PlantUML
+    server stood at 0.90 for "encoded PlantUML ... need the plain source back", its decoder, the answer, gone).
     """
+    kids = [k for k in kids if k.node.sides is None]
     if len(kids) < 2:
         return False
     lead = max(kids, key=lambda k: k.score)
