@@ -247,3 +247,29 @@ def test_get_bad_names_are_coded_not_found_errors(in_kb, name):
 def test_a_negative_line_suffix_is_a_bad_range(in_kb):
     error = cli_error(in_kb["store"], "kb", "get", "docs/widget_guide.md:-1", "--collection", "ops")
     assert "not a line range" in error["message"] and "N-M" in error["data"]["guidance"]
+
+
+WRAPPED = FIXTURES / "formats" / "hard_wrapped.md"  # paragraphs and list items hard-wrapped at 80 columns
+
+
+@pytest.mark.parametrize("max_tokens,overlap", [(40, 0), (60, 10), (350, 0)])
+def test_a_hard_wrapped_paragraph_split_across_chunks_reads_back_line_by_line(max_tokens, overlap):
+    """A paragraph over the budget is split at sentences; every line of a chunk's range is then given, exactly
+    the file's (or joined where two chunks share a line), none reported missing. Before, a split piece was one
+    line, so `kb get DOC:47-59` on a hit citing lines 47-59 gave 47 and "not stored" for 48-59."""
+    from research_agent.ingest.chunking import chunk_document
+    from research_agent.ingest.documents import read_lines
+    from research_agent.ingest.parsing import parse_file
+
+    doc = parse_file(WRAPPED)
+    chunks = chunk_document(doc, source=WRAPPED.name, max_tokens=max_tokens, overlap_tokens=overlap)
+    file_lines = WRAPPED.read_text().split("\n")
+    assert max(map(len, file_lines)) <= 82 and sum(len(ln) > 70 for ln in file_lines) > 50  # really hard-wrapped
+    got = read_lines([(ch.text, {"line_start": ch.line_start, "line_end": ch.line_end}) for ch in chunks])
+    wanted = {n for ch in chunks for n in range(ch.line_start, ch.line_end + 1) if file_lines[n - 1].strip()}
+    assert wanted - set(got.lines) == set(), sorted(wanted - set(got.lines))[:20]
+    wrong = {n: t for n, t in got.lines.items() if n not in got.joined and t != file_lines[n - 1]}
+    assert not wrong, wrong
+    assert not got.estimated
+    for n in got.joined:  # a line two chunks share holds the file line's words, in order
+        assert got.lines[n].split() == file_lines[n - 1].split(), (n, got.lines[n], file_lines[n - 1])

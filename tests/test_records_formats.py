@@ -87,11 +87,6 @@ def test_tsv_and_a_csv_field_over_the_csv_limit():
         parsing.parse_bytes(b'id,text\n1,"' + b"y" * (10 * 2**20) + b'"\n', Path("huge.csv"))
 
 
-def test_xlsx_is_not_a_supported_format():
-    """openpyxl is not a dependency (not importable in the venv), so .xlsx stays unsupported, with a reason."""
-    assert parsing.detect_format(Path("a.xlsx")) is None
-
-
 @pytest.mark.slow
 def test_add_folder_round_trip_of_notebooks_and_csv(container):
     from research_agent import ingest

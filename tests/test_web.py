@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -43,6 +44,7 @@ class Pages:
 
     article = ARTICLE
     hits = 0
+    gone = False
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -58,9 +60,28 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _same_page_routes(self, port: int) -> bool:
+        """One page under several URLs, a page that goes away (Pages.gone), a binary; False for another path."""
+        if self.path == "/moved":  # a permanent move to the page, with a fragment and a doubled slash
+            self._send(301, b"", "text/plain", {"Location": f"http://127.0.0.1:{port}//page.html#top"})
+        elif self.path == "/docs":
+            self._send(301, b"", "text/plain", {"Location": "/docs/"})
+        elif self.path == "/docs/":
+            self._send(200, b"# Docs index\n\nThe docs index lists the widget guides.\n", "text/markdown")
+        elif self.path == "/gone.md" and Pages.gone:
+            self._send(410, b"gone", "text/plain")
+        elif self.path == "/gone.md":
+            self._send(200, b"# Retired page\n\nThe retired widget API is described here.\n", "text/markdown")
+        elif self.path == "/binary":
+            self._send(200, b"\x00\x01\x02", "application/octet-stream")
+        else:
+            return False
+        return True
+
     def do_GET(self):  # noqa: N802 - the stdlib's name
         Pages.hits += 1
         port = self.server.server_address[1]
+        self.path = re.sub("/{2,}", "/", self.path)  # as nginx's merge_slashes (on by default) reads a path
         if self.path == "/page.html":
             self._send(200, Pages.article.encode(), "text/html; charset=utf-8")
         elif self.path == "/notes.md":
@@ -101,8 +122,8 @@ class Handler(BaseHTTPRequestHandler):
                     "with crème brûlée for dessert, served every day after lunch in the garden. " * 3
                     + "</p></article></body></html>").encode("latin-1")
             self._send(200, body, "text/html; charset=iso-8859-1")
-        elif self.path == "/binary":
-            self._send(200, b"\x00\x01\x02", "application/octet-stream")
+        elif self._same_page_routes(port):
+            pass
         else:
             self._send(404, b"not found", "text/plain")
 
@@ -113,7 +134,7 @@ def site():
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    Pages.article, Pages.hits = ARTICLE, 0
+    Pages.article, Pages.hits, Pages.gone = ARTICLE, 0, False
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
@@ -351,3 +372,79 @@ async def test_mcp_refuses_other_schemes_and_a_url_with_records(fake_embedder, n
                      {"path": "http://127.0.0.1/x.jsonl", "records": {"id_field": "id", "text_fields": ["t"]}}):
             with pytest.raises(MCPError, match="Only http"):
                 await client.call_tool("ingest_documents", {**args, "collection": "web"})
+
+
+def test_one_page_under_several_urls_is_one_document(kb, site):
+    """The key is the final URL after redirects, normalised: fragment, doubled slashes, dot segments and a
+    trailing slash dropped. A redirect to a stored page, `//page.html`, `#frag` and `./` re-add it, never copy it."""
+    first = web.add_urls(kb, "web", [f"{site}/page.html"]).results[0]
+    again = web.add_urls(kb, "web", [f"{site}//page.html", f"{site}/page.html#rolling-back", f"{site}/./page.html",
+                                     f"{site}/redirect", f"{site}/moved"]).results
+    assert [r.status for r in again] == ["unchanged"] * 5, [(r.status, r.reason) for r in again]
+    assert {r.document for r in again} == {first.document} == {f"url:{site}/page.html"}
+    assert again[-1].final_url == f"{site}//page.html#top"  # what was fetched is kept as provenance
+    docs = web.add_urls(kb, "web", [f"{site}/docs/"]).results[0]
+    assert docs.status == "added" and docs.document == f"url:{site}/docs"
+    assert web.add_urls(kb, "web", [f"{site}/docs"]).results[0].document == docs.document
+    from research_agent.ingest import list_documents
+
+    assert sorted(d.document for d in list_documents(kb, "web").documents) == [docs.document, first.document]
+
+
+def test_a_page_stored_under_an_older_key_is_replaced_not_doubled(kb, site):
+    """A store written before the canonical key holds `url:http://host//page.html`; adding it again moves the
+    page to its canonical key and removes the old document."""
+    from research_agent.ingest import list_documents
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(web, "normalise", lambda url: url.split("#")[0])  # the old key kept `//` and trailing `/`
+        old = web.add_urls(kb, "web", [f"{site}//page.html"]).results[0]
+    assert old.document == f"url:{site}//page.html"
+    moved = web.add_urls(kb, "web", [f"{site}//page.html"]).results[0]
+    assert moved.status == "updated" and moved.document == f"url:{site}/page.html"
+    assert [d.document for d in list_documents(kb, "web").documents] == [moved.document]
+
+
+def test_url_documents_are_removed_by_any_spelling_of_their_url(kb, site):
+    from research_agent.ingest import get_document, list_documents, remove_document
+
+    stored = web.add_urls(kb, "web", [f"{site}/page.html", f"{site}/notes.md"]).results
+    assert get_document(kb, "web", f"{site}//page.html#x").document == stored[0].document
+    deleted = remove_document(kb, "web", f"{site}/page.html/")
+    assert deleted.deleted == stored[0].document and deleted.chunks_removed >= 1
+    removed = remove_document(kb, "web", stored[1].document)  # its key works as before
+    assert removed.deleted == stored[1].document
+    assert list_documents(kb, "web").documents == []
+    for bad in ("https://127.0.0.1:99999999/x", "url:http://", "https://" + "x" * 5000):
+        with pytest.raises(DocumentError, match="not found"):
+            remove_document(kb, "web", bad)
+    assert web.normalise("HTTPS://H:443//a/./b/../c/?q=1#x") == "https://h/a/c?q=1"
+
+
+def test_a_page_that_is_gone_is_removed_when_added_again(kb, site):
+    """404 or 410 for a stored page removes its document (status "removed"); for a page never stored it is a
+    failure, as before."""
+    from research_agent.ingest import list_documents
+
+    assert web.add_urls(kb, "web", [f"{site}/gone.md"]).results[0].status == "added"
+    Pages.gone = True
+    report = web.add_urls(kb, "web", [f"{site}/gone.md", f"{site}/never-there"])
+    gone, never = report.results
+    assert (gone.status, gone.document, report.removed) == ("removed", f"url:{site}/gone.md", 1)
+    assert "410" in gone.reason and never.status == "failed" and "404" in never.reason
+    assert list_documents(kb, "web").documents == []
+
+
+def test_the_cli_report_names_a_removed_page(kb, site):
+    from io import StringIO
+
+    from rich.console import Console
+
+    from research_agent.cli.web import url_report
+
+    web.add_urls(kb, "web", [f"{site}/gone.md"])
+    Pages.gone = True
+    out = StringIO()
+    url_report(Console(file=out, width=200), web.add_urls(kb, "web", [f"{site}/gone.md"]))
+    assert f"removed url:{site}/gone.md: {site}/gone.md answered HTTP 410" in out.getvalue()
+    assert "0 added, 0 updated, 0 unchanged, 1 removed, 0 failed in web." in out.getvalue()

@@ -23,8 +23,10 @@ def add_url(ctx: typer.Context, urls: list[str] = URLS,
             create: bool = typer.Option(False, "--create", help="Create the collection if it does not exist.")
             ) -> None:
     """Fetch web pages and store their main text; adding a URL again refreshes it (unchanged pages write
-    nothing). Failures are listed with their reason; the exit status is 5 when every URL failed (or any, with
-    --strict), as `kb add-folder` reports skipped files.
+    nothing; a page now answering 404/410 is removed). One page is one document however its URL is spelt
+    (the key is the final URL after redirects, without #fragment, doubled or trailing slashes). Failures are
+    listed with their reason; the exit status is 5 when every URL failed (or any, with --strict), as
+    `kb add-folder` reports skipped files.
 
     Example: RESEARCH_AGENT_URL_ALLOWED_HOSTS=docs.python.org research-agent kb add-url
     https://docs.python.org/3/library/json.html --collection python
@@ -45,8 +47,11 @@ def url_report(console: Console, r: Any) -> None:
     for item in r.results:
         if item.status == "failed":
             console.print(f"[red]failed[/red] {escape(item.url)}: {escape(item.reason or '')}")
+        elif item.status == "removed":
+            console.print(f"removed {escape(item.document or '')}: {escape(item.reason or '')}")
         else:
             console.print(f"{item.status} {escape(item.url)} -> {escape(item.document or '')} "
                           f"({render.plural(item.chunks_written, 'chunk')} written)")
-    console.print(f"{r.added} added, {r.updated} updated, {r.unchanged} unchanged, {r.failed} failed "
+    removed = f"{r.removed} removed, " if r.removed else ""
+    console.print(f"{r.added} added, {r.updated} updated, {r.unchanged} unchanged, {removed}{r.failed} failed "
                   f"in {escape(r.collection)}.")

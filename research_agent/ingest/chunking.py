@@ -186,7 +186,7 @@ def chunk_document(
     if doc.format in LINE_FORMATS:
         # Code chunks cut at the syntax tree know their lines already (code_chunks.py).
         assign_lines([c for c in chunker.chunks if c.line_start is None], doc.text, doc.first_line,
-                     back=chunker.overlap_tokens)
+                     back=chunker.overlap_tokens, count=chunker.count, max_bytes=chunker.max_bytes)
         for chunk in chunker.from_front_matter:  # its text is not in doc.text, which starts after the front matter
             chunk.line_start, chunk.line_end = 1, max(chunk.line_end or 0, doc.first_line - 1)
     return chunker.chunks
@@ -196,22 +196,33 @@ def chunk_document(
 LINE_FORMATS = frozenset({"markdown", "text", "code"})
 
 
-def assign_lines(chunks: list[Chunk], text: str, first_line: int, *, back: int = 0) -> None:
+def assign_lines(chunks: list[Chunk], text: str, first_line: int, *, back: int = 0,
+                 count: TokenCounter | None = None, max_bytes: int = MAX_CHUNK_BYTES) -> None:
     """Set each chunk's line_start/line_end from where its words are in `text`, whose first line is the file's
     `first_line`. Chunks come in document order, so each is looked for from where the previous one ended
     (less `back` words: the overlap it repeats). Most chunks are a run of the file's words; the others drop
     markup (metadata bullets) or repeat it (a split table's header row, a split fence's markers) and are
-    aligned with difflib instead (on 127 files of this repository: 0.7 s for 1,154 chunks)."""
+    aligned with difflib instead (on 127 files of this repository: 0.7 s for 1,154 chunks).
+
+    A chunk that is a run of the file's words also gets the file's line breaks back (`_file_layout`), when
+    that costs no token (by `count`, the chunker's counter) and no byte over `max_bytes`: a hard-wrapped
+    paragraph split at sentences was one line per piece, so `kb get` could place only its first line
+    (issue 17: lines 48-59 of a hit citing 47-59 were "not stored")."""
     words: list[str] = []
     numbers: list[int] = []
+    offsets: list[int] = []
+    at = 0
     for number, line in enumerate(text.split("\n"), start=first_line):
-        for word in line.split():
-            words.append(word)
+        for found in re.finditer(r"\S+", line):
+            words.append(found.group())
             numbers.append(number)
+            offsets.append(at + found.start())
+        at += len(line) + 1
     where: dict[str, list[int]] = {}
     for i, word in enumerate(words):
         where.setdefault(word, []).append(i)
     cursor = missed = 0  # missed: words of the chunks not found since the last one found (they lie ahead)
+    relaid: list[tuple[Chunk, str]] = []
     for chunk in chunks:
         chunk_words = chunk.text.split()
         start = max(0, cursor - back - 4)
@@ -219,12 +230,52 @@ def assign_lines(chunks: list[Chunk], text: str, first_line: int, *, back: int =
         end = min(len(words), start + 2 * (len(chunk_words) + missed) + 256)
         if len(chunk_words) == 1:  # a piece of a longer word (a 50 KB "word" cut into runs): the next word
             end = min(end, cursor + 2)
-        span = _exact_span(chunk_words, words, where, start, end) or _aligned_span(chunk_words, words, start, end)
+        exact = _exact_span(chunk_words, words, where, start, end)
+        span = exact or _aligned_span(chunk_words, words, start, end)
         if span is None:
             missed += len(chunk_words)
             continue
+        if exact and (laid := _file_layout(chunk.text, text, offsets[span[0]:span[1] + 1])) is not None:
+            relaid.append((chunk, laid))
         chunk.line_start, chunk.line_end = numbers[span[0]], numbers[span[1]]
         cursor, missed = max(cursor, span[1] + 1), 0
+    counts = count([laid for _, laid in relaid]) if count and relaid else [0] * len(relaid)
+    for (chunk, laid), tokens in zip(relaid, counts):
+        if tokens <= chunk.token_count and len(laid.encode("utf-8")) <= max(max_bytes, len(chunk.text.encode())):
+            chunk.text = laid
+
+
+#: A header line: the blank the chunker writes after one is its own layout, kept (documents.py AFTER_HEADER).
+_HEADER_LINE = re.compile(r"(?:^|\n) {0,3}#{1,6}[ \t][^\n]*$")
+
+
+def _file_layout(chunk_text: str, text: str, starts: list[int]) -> str | None:
+    """The chunk's text with the file's line breaks where the chunker moved them, or None when nothing moved.
+
+    `starts` are the file offsets of the chunk's words (the chunk is that run of the file's words). Between two
+    words, the file's blanks replace the chunk's when one has a line break and the other none (a piece of a
+    hard-wrapped paragraph packed with spaces, or a sentence split mid-line packed with a blank line), or when
+    the chunk has more line breaks than the file not after a header (pieces packed with a blank line where the
+    file has one break). Blank runs the chunker shortened and the blank after a header stay as they are."""
+    found = list(re.finditer(r"\S+", chunk_text))
+    if not found or len(found) != len(starts):
+        return None
+    indent = text[text.rfind("\n", 0, starts[0]) + 1:starts[0]]  # a chunk opening an indented line keeps it
+    moved = found[0].start() == 0 and bool(indent) and not indent.strip()
+    out: list[str] = [indent if moved else chunk_text[: found[0].start()]]
+    for k, word in enumerate(found):
+        out.append(word.group())
+        if k + 1 == len(found):
+            break
+        ours = chunk_text[word.end():found[k + 1].start()]
+        theirs = text[starts[k] + len(word.group()):starts[k + 1]]
+        ours_nl, theirs_nl = ours.count("\n"), theirs.count("\n")
+        if ((ours_nl == 0) != (theirs_nl == 0)
+                or (ours_nl > theirs_nl >= 1 and not _HEADER_LINE.search(chunk_text, 0, word.end()))):
+            ours, moved = theirs, True
+        out.append(ours)
+    out.append(chunk_text[found[-1].end():])
+    return "".join(out) if moved else None
 
 
 def _exact_span(chunk_words: list[str], words: list[str], where: dict[str, list[int]], start: int,

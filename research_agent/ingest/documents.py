@@ -4,10 +4,8 @@ Read-only, so it never takes the write lock; a document's visible chunks are the
 manifest names (version_ids), so a reader never sees a half-written new version.
 
 Reading by line (`get_document` with a range, issue 17): the text comes from the stored chunks only, placed on
-their stored line ranges (`read_lines`); a line no chunk holds is reported `missing`, one the chunks give only
-approximately `inexact`, never made up. On this repository's docs/*.md (2,804 lines) no line given as exact
-differs from the file; 12 % are marked inexact (mostly the blank the chunker writes after a header), and code
-split by lines loses its blank lines in the chunker, so about half of a code file's lines are estimates.
+their stored line ranges (`read_lines`); a line no chunk holds is `missing`, one given only approximately
+`inexact`, never made up (docs/ingestion.md, "Chunks are bounded", has the measured rates).
 """
 
 from __future__ import annotations
@@ -65,10 +63,15 @@ def list_documents(c: Container, collection: str, *, limit: int | None = None,
 
 
 def find_document(c: Container, collection: str, document: str) -> dict[str, dict[str, Any]]:
-    """The manifest of `document` (its key, or a path that resolves to a recorded file)."""
+    """The manifest of `document` (its key, a path that resolves to a recorded file, or a web page's URL
+    spelt any way that normalises to its key: `https://host//page#x` finds `url:https://host/page`)."""
     key = document_key(collection, document)
     found = c.store.registry_get([key])
-    resolved = None if found else _as_path(document)
+    if not found and _is_url(document):  # a page by any spelling of its URL (web.normalise)
+        from research_agent.ingest.web import document_for, stored_pages
+
+        found = stored_pages(c, collection, document_for(document.removeprefix("url:")))
+    resolved = None if found or _is_url(document) else _as_path(document)
     if resolved is not None:
         found = {k: m for k, m in c.store.registry_find("document", collection).items()
                  if m.get("path") and m["path"] == resolved}
@@ -77,6 +80,10 @@ def find_document(c: Container, collection: str, document: str) -> dict[str, dic
                             guidance=f"Run `research-agent kb list-documents --collection {collection}`.",
                             document=document[:200], collection=collection)
     return found
+
+
+def _is_url(document: str) -> bool:
+    return document.lower().startswith(("http://", "https://", "url:http://", "url:https://"))
 
 
 def _as_path(document: str) -> str | None:

@@ -1,10 +1,10 @@
-"""File readers: turn markdown, text, code, PDF, HTML and DOCX files into one ParsedDocument shape.
+"""File readers: markdown, text, code, PDF, HTML, DOCX, notebook, CSV and XLSX files in one ParsedDocument shape.
 
 Every reader is bounded (issue 11): a hostile file ends in a DocumentError with a reason, fast, in
 bounded memory; it never hangs, crashes or eats the machine. The limits below are module constants
 so the lead can promote them to settings.
 
-Over 400 lines (~850) on purpose for now: the PDF, DOCX, HTML, notebook and CSV readers (the second half) read these
+Over 400 lines (~990) on purpose for now: the PDF, DOCX, XLSX, HTML, notebook and CSV readers (second half) read these
 limits as this module's globals, and the parser-bomb tests lower them on this module
 (`setattr(parsing, "PARSE_SECONDS", ...)` in a child process). Moving the readers into their own module
 means moving the limits with them and pointing those tests there; left for a step that does both.
@@ -59,6 +59,16 @@ MAX_FRONT_MATTER_NODES = 50_000
 #: repeated, so every chunk reads as a table and cites its rows: 50 rows of a few short columns is about one
 #: chunk of 350 tokens (a longer table is split by rows by the chunker, the header repeated again).
 CSV_ROWS_PER_TABLE = 50
+#: Rows read per .xlsx workbook, blank rows between data rows counted: the reader walks every row up to the
+#: last one a sheet writes, so one cell at row 1,048,576 (the last) would be a million empty rows.
+XLSX_MAX_ROWS = 100_000
+#: Cells read per .xlsx workbook, empty ones inside rows counted (a row is as wide as its last cell: one cell
+#: in column XFD makes 16,384). A million short cells is some 10 MB of Markdown, about 5,000 chunks.
+XLSX_MAX_CELLS = 1_000_000
+#: XML parts of an .xlsx, inflated: openpyxl streams sheets in read-only mode but holds every shared string
+#: (a workbook's text cells) in memory. Excel writes about 100 bytes of XML per cell, so 64 MB is some
+#: 600,000 cells, above what XLSX_MAX_CELLS lets through.
+MAX_XLSX_XML_BYTES = 64 * 2**20
 
 MARKDOWN_EXTENSIONS = frozenset({".md", ".markdown", ".mdx"})
 TEXT_EXTENSIONS = frozenset({".txt", ".rst"})
@@ -75,7 +85,7 @@ CODE_LANGUAGES: dict[str, str] = {
     ".css": "css", ".scss": "scss", ".vue": "vue", ".svelte": "svelte", ".proto": "protobuf", ".tf": "hcl",
 }
 _OTHER_FORMATS = {".pdf": "pdf", ".html": "html", ".htm": "html", ".docx": "docx", ".ipynb": "notebook",
-                  ".csv": "csv", ".tsv": "csv"}
+                  ".csv": "csv", ".tsv": "csv", ".xlsx": "xlsx"}
 SUPPORTED_EXTENSIONS: frozenset[str] = frozenset(
     MARKDOWN_EXTENSIONS | TEXT_EXTENSIONS | CODE_LANGUAGES.keys() | _OTHER_FORMATS.keys()
 )
@@ -200,6 +210,8 @@ def parse_bytes(raw: bytes, path: Path) -> ParsedDocument:
         return _parse_pdf(path, _Limits(path.name, path), raw)
     if fmt == "docx":
         return _parse_docx(path, _Limits(path.name, path), raw)
+    if fmt == "xlsx":
+        return _parse_xlsx(path, _Limits(path.name, path), raw)
     if fmt == "notebook":
         return _parse_notebook(path, _decode(raw, path), _Limits(path.name, path))
     if fmt == "csv":
@@ -505,7 +517,7 @@ def _parse_csv(path: Path, text: str, limits: _Limits, delimiter: str) -> Parsed
     reader = csv.reader(io.StringIO(text), delimiter=delimiter)
     blocks: list[str] = []
     header: list[str] | None = None
-    rows: list[list[str]] = []
+    rows: list[tuple[int, list[str]]] = []
     count = 0
     try:
         for row in reader:
@@ -515,24 +527,129 @@ def _parse_csv(path: Path, text: str, limits: _Limits, delimiter: str) -> Parsed
             if header is None:
                 header = row
                 continue
-            rows.append(row)
             count += 1
+            rows.append((count, row))
             if len(rows) == CSV_ROWS_PER_TABLE:
-                blocks.append(_csv_table(header, rows, count, limits))
+                blocks.append(_rows_table(header, rows, limits))
     except csv.Error as exc:
         raise DocumentError(f"{path.name} is not readable CSV (line {reader.line_num}: {exc})",
                             guidance="Fix the quoting, or split out fields over 128 KB.", path=str(path)) from None
     if rows and header is not None:
-        blocks.append(_csv_table(header, rows, count, limits))
+        blocks.append(_rows_table(header, rows, limits))
     return ParsedDocument(text="\n\n".join(blocks), format="csv")
 
 
-def _csv_table(header: list[str], rows: list[list[str]], last: int, limits: _Limits) -> str:
-    """One `## Rows a-b` section holding the header and `rows` (emptied) as a Markdown table."""
-    block = f"## Rows {last - len(rows) + 1}-{last}\n\n" + _markdown_table([header, *rows])
+def _rows_table(header: list[str], rows: list[tuple[int, list[str]]], limits: _Limits) -> str:
+    """One `## Rows a-b` section holding the header and `rows` (numbered; emptied) as a Markdown table."""
+    block = f"## Rows {rows[0][0]}-{rows[-1][0]}\n\n" + _markdown_table([header, *(r for _, r in rows)])
     rows.clear()
     limits.add_text(len(block))
     return block
+
+
+# -- Excel workbooks ---------------------------------------------------------------------------------------
+#: An OLE compound file: what an encrypted (password-protected) .xlsx is, and a legacy .xls.
+_OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
+_XLSX_GUIDANCE = "Open and re-save it in Excel or LibreOffice, or export its sheets as CSV and ingest those."
+#: Leading one-cell rows of a sheet read as its caption (a title above the table), not as its header row.
+_XLSX_CAPTION_ROWS = 3
+
+
+def _parse_xlsx(path: Path, limits: _Limits, raw: bytes) -> ParsedDocument:
+    """An Excel workbook as Markdown: each worksheet a `# name` section, its leading one-cell rows (a title
+    above the table) as prose, then tables of CSV_ROWS_PER_TABLE rows under `## Rows a-b` headings numbered
+    as the sheet numbers its rows, so a hit cites rows Excel shows. Values as Excel last computed them, never
+    formulas (a formula Excel never computed reads as empty). Read-only mode streams each sheet; rows and
+    cells are bounded (XLSX_MAX_ROWS, XLSX_MAX_CELLS) and the zip checked first, as for DOCX."""
+    if raw.startswith(_OLE_MAGIC):
+        raise DocumentError(f"{path.name} is encrypted (password-protected) or an old-style .xls named .xlsx",
+                            guidance="Save a copy without a password as .xlsx (Excel: File > Save As), or export "
+                                     "its sheets as CSV and ingest those.", path=str(path))
+    _check_office_zip(path, limits, raw, "XLSX", MAX_XLSX_XML_BYTES, _XLSX_GUIDANCE)
+    import openpyxl
+
+    workbook = None
+    try:
+        workbook = openpyxl.load_workbook(io.BytesIO(raw), read_only=True, data_only=True)
+        budget = _CellBudget(limits)
+        blocks = [block for sheet in workbook.worksheets if (block := _xlsx_sheet(sheet, limits, budget))]
+        title = _first_str(workbook.properties.title)
+    except DocumentError:
+        raise
+    except Exception as exc:  # openpyxl raises zip, XML, key and value errors for damaged files
+        raise DocumentError(f"{path.name} is not a readable XLSX file ({type(exc).__name__}: {str(exc)[:200]})",
+                            guidance=_XLSX_GUIDANCE, path=str(path)) from None
+    finally:
+        if workbook is not None:
+            workbook.close()
+    return ParsedDocument(text="\n\n".join(blocks), format="xlsx", title=title)
+
+
+class _CellBudget:
+    """Rows and cells read from one workbook, refused past XLSX_MAX_ROWS or XLSX_MAX_CELLS."""
+
+    def __init__(self, limits: _Limits) -> None:
+        self.limits = limits
+        self.rows = self.cells = 0
+
+    def take(self, width: int) -> None:
+        self.limits.tick()
+        self.rows += 1
+        self.cells += width
+        if self.rows > XLSX_MAX_ROWS or self.cells > XLSX_MAX_CELLS:
+            what = f"{XLSX_MAX_ROWS:,} rows" if self.rows > XLSX_MAX_ROWS else f"{XLSX_MAX_CELLS:,} cells"
+            raise DocumentError(f"{self.limits.name} holds more than {what} (blank ones inside the sheets counted)",
+                                guidance="Export the sheets you need as CSV and ingest those, or split the workbook.",
+                                path=self.limits.path)
+
+
+def _xlsx_sheet(sheet: Any, limits: _Limits, budget: _CellBudget) -> str:
+    """One worksheet's Markdown section ("" when it holds no value): caption, then numbered tables."""
+    sheet.reset_dimensions()  # the stored dimension may claim any size; read the rows the sheet holds
+    captions: list[tuple[int, list[str]]] = []
+    header: list[str] | None = None
+    rows: list[tuple[int, list[str]]] = []
+    blocks: list[str] = []
+    for number, values in enumerate(sheet.iter_rows(values_only=True), start=1):
+        budget.take(len(values))
+        cells = [_xlsx_value(v) for v in values]
+        filled = sum(1 for c in cells if c.strip())
+        if not filled:
+            continue
+        if header is None and filled == 1 and len(captions) < _XLSX_CAPTION_ROWS:
+            captions.append((number, cells))
+            continue
+        if header is None:  # a wider row is the header; a fourth one-cell row makes the captions a column
+            header, rows = (cells, []) if filled > 1 else (captions[0][1], [*captions[1:], (number, cells)])
+            captions = captions if filled > 1 else []
+        else:
+            rows.append((number, cells))
+        if len(rows) >= CSV_ROWS_PER_TABLE:
+            blocks.append(_rows_table(header, rows, limits))
+    if header is None and captions:  # a one-column sheet of at most _XLSX_CAPTION_ROWS rows
+        header, rows, captions = captions[0][1], captions[1:], []
+    if rows and header is not None:
+        blocks.append(_rows_table(header, rows, limits))
+    if not blocks and not captions:
+        return ""
+    prose = [_escape_prose(_collapse(" ".join(c for c in cells if c))) for _, cells in captions]
+    return "\n\n".join(["# " + _collapse(sheet.title), *prose, *blocks])
+
+
+def _xlsx_value(value: Any) -> str:
+    """A cell's value as text: dates as ISO dates (no 00:00:00), whole floats without `.0`, booleans as Excel
+    shows them."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, _dt.datetime):
+        return value.date().isoformat() if value.time() == _dt.time() else value.isoformat(sep=" ")
+    if isinstance(value, (_dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
 
 
 def _parse_pdf(path: Path, limits: _Limits, raw: bytes) -> ParsedDocument:
@@ -627,36 +744,38 @@ def _parse_docx(path: Path, limits: _Limits, raw: bytes) -> ParsedDocument:
     except Exception as exc:  # python-docx raises zip, XML and key errors for damaged files
         raise DocumentError(
             f"{path.name} is not a readable DOCX file ({type(exc).__name__}: {exc})",
-            guidance="Open and re-save the file in Word or LibreOffice, or export it as PDF.",
-            path=str(path),
+            guidance=_DOCX_GUIDANCE, path=str(path),
         ) from exc
     return ParsedDocument(text="\n\n".join(b for b in blocks if b), format="docx", title=title)
 
 
+_DOCX_GUIDANCE = "Open and re-save the file in Word or LibreOffice, or export it as PDF."
+
+
 def _check_docx_zip(path: Path, limits: _Limits, raw: bytes) -> None:
-    """Refuse a zip bomb before python-docx inflates it. The declared sizes can be trusted as a bound:
-    zipfile never returns more than an entry's declared size (more fails its CRC check)."""
+    _check_office_zip(path, limits, raw, "DOCX", MAX_DOCX_XML_BYTES, _DOCX_GUIDANCE)
+
+
+def _check_office_zip(path: Path, limits: _Limits, raw: bytes, kind: str, max_xml: int, guidance: str) -> None:
+    """Refuse a zip bomb before python-docx or openpyxl inflates it. The declared sizes can be trusted as a
+    bound: zipfile never returns more than an entry's declared size (more fails its CRC check)."""
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             entries = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, EOFError) as exc:  # python-docx would say the same, later
-        raise DocumentError(
-            f"{path.name} is not a readable DOCX file ({type(exc).__name__}: {exc})",
-            guidance="Open and re-save the file in Word or LibreOffice, or export it as PDF.",
-            path=str(path),
-        ) from exc
+    except (zipfile.BadZipFile, ValueError, EOFError) as exc:  # the library would say the same, later
+        raise DocumentError(f"{path.name} is not a readable {kind} file ({type(exc).__name__}: {exc})",
+                            guidance=guidance, path=str(path)) from exc
     if len(entries) > MAX_ZIP_ENTRIES:
         raise DocumentError(
             f"{path.name} holds {len(entries):,} zip entries, over the limit of {MAX_ZIP_ENTRIES:,}",
-            guidance="This is not an ordinary Word document; open and re-save it, or export it as PDF.",
-            path=str(path),
+            guidance=f"This is not an ordinary {kind} file; open and re-save it.", path=str(path),
         )
     xml = sum(e.file_size for e in entries if e.filename.lower().endswith((".xml", ".rels")))
-    if xml > MAX_DOCX_XML_BYTES:
+    if xml > max_xml:
         raise DocumentError(
-            f"{path.name} inflates to {xml / 2**20:.0f} MB of XML, over the {MAX_DOCX_XML_BYTES // 2**20} MB"
+            f"{path.name} inflates to {xml / 2**20:.1f} MB of XML, over the {max_xml / 2**20:g} MB"
             " limit (a compression bomb, or a very long document)",
-            guidance="Split the document, or export it to plain text or markdown and ingest that.",
+            guidance="Split the document, or export it to plain text, markdown or CSV and ingest that.",
             path=str(path),
         )
     limits.add_inflated(sum(e.file_size for e in entries))

@@ -7,22 +7,30 @@ so a knowledge base never reaches the network unless its owner says where), with
 content as Markdown by trafilatura (navigation, footers and comments dropped), falling back to our own HTML
 parser when trafilatura finds no main content; Markdown, plain text and PDF are parsed as files are.
 
-Each page is one document keyed `url:<normalised URL>`, with kind `web`, source = the URL and provenance
-`extra = {url, final_url, fetched_at, content_type}`. Adding the same URL again re-fetches it: an unchanged
+Each page is one document keyed `url:<canonical final URL>` (`normalise`: after redirects; fragment,
+repeated slashes, dot segments and trailing slash dropped), so `/page`, `//page`, `/page/#x` and a redirect to
+`/page` are one document, with kind `web`, source = the final URL and provenance
+`extra = {url, final_url, fetched_at, content_type}`. Adding a page again re-fetches it: an unchanged
 page (same extracted text) writes nothing ("unchanged"), a changed one replaces its chunks ("updated")
-through the same crash-safe write as files (ingest.service.write_documents).
+through the same crash-safe write as files (ingest.service.write_documents), and a stored page that now
+answers 404 or 410 is removed ("removed"). A document of the same page under an older key (before keys were
+canonical) is removed once the page is written under its canonical key.
 
 Address checks: only http and https; no credentials in the URL (they would be stored as the source and
 shown in every hit); a host written as a name that resolves to a loopback, private or link-local address
 is refused unless that address (or `localhost`) is itself allowed — a public name pointed at 127.0.0.1
 (DNS rebinding) does not reach local services. The check resolves the name before the request, so a
 resolver that answers differently a second later can still slip through; the allow-list is the boundary.
+
+Over 400 lines because the address checks, the bounded fetch and the page's key are one trust boundary: a
+redirect is checked, fetched and keyed by the same rules, and splitting them would let one half change alone.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import posixpath
 import re
 import socket
 from dataclasses import dataclass
@@ -56,7 +64,7 @@ class UrlResult(BaseModel):
     url: str
     document: str | None = None
     title: str | None = None
-    status: str  # added | updated | unchanged | failed
+    status: str  # added | updated | unchanged | removed (404/410 for a stored page) | failed
     chunks_written: int = 0
     final_url: str | None = None
     fetched_at: str | None = None
@@ -68,6 +76,7 @@ class UrlReport(BaseModel):
     added: int = 0
     updated: int = 0
     unchanged: int = 0
+    removed: int = 0
     failed: int = 0
     results: list[UrlResult]
 
@@ -83,17 +92,40 @@ class Page:
 
 
 def normalise(url: str) -> str:
-    """The URL as a document key part: scheme and host lowercased, default port and fragment dropped."""
+    """A page's canonical URL, the document key's part (issue 17: one page under several URLs was several
+    documents): scheme and host lowercased; the default port, the fragment, repeated slashes, dot segments and a
+    trailing slash dropped (`HTTPS://Host:443//a/./b/#x` -> `https://host/a/b`); the query kept as given, since
+    it can select another page. Servers serve `/a/` and `/a` as one page (or redirect one to the other)."""
     parts = urlsplit(url.strip())
     host = (parts.hostname or "").lower()
-    port = parts.port
+    try:
+        port = parts.port
+    except ValueError:  # a bad port (check_url refuses it before a fetch; a lookup by URL just finds nothing)
+        port = None
     default = {"http": 80, "https": 443}.get(parts.scheme.lower())
     netloc = host if port in (None, default) else f"{host}:{port}"
-    return urlunsplit((parts.scheme.lower(), netloc, parts.path or "/", parts.query, ""))
+    path = posixpath.normpath(re.sub(r"/{2,}", "/", parts.path or "/"))  # normpath keeps a leading `//`
+    return urlunsplit((parts.scheme.lower(), netloc, path if path.startswith("/") else "/" + path, parts.query, ""))
 
 
 def document_for(url: str) -> str:
     return f"url:{normalise(url)}"
+
+
+def same_page(manifest: dict[str, Any], document: str) -> bool:
+    """Whether a stored web document is the page keyed `document`: its own key, or one of its URLs (asked,
+    fetched) normalised to that key, for documents keyed before keys were canonical."""
+    if manifest.get("kind") != "web":
+        return False
+    extra = manifest.get("extra") if isinstance(manifest.get("extra"), dict) else {}
+    urls = [manifest.get("source"), extra.get("url"), extra.get("final_url")]
+    return manifest.get("document") == document or any(
+        isinstance(u, str) and u and document_for(u) == document for u in urls)
+
+
+def stored_pages(c: Container, collection: str, document: str) -> dict[str, dict[str, Any]]:
+    """The manifests of the page keyed `document` (its key and any older key of the same page)."""
+    return {k: m for k, m in c.store.registry_find("document", collection).items() if same_page(m, document)}
 
 
 def check_url(url: Any, allowed: list[str]) -> str:
@@ -313,8 +345,12 @@ def add_urls(c: Container, collection: str, urls: list[str]) -> UrlReport:
     open_collection(c, collection)
     recover_if_needed(c, collection)
     results = [_add_one(c, collection, url) for url in dict.fromkeys(urls)]
-    counts = {k: sum(r.status == k for r in results) for k in ("added", "updated", "unchanged", "failed")}
+    counts = {k: sum(r.status == k for r in results) for k in ("added", "updated", "unchanged", "removed", "failed")}
     return UrlReport(collection=collection, results=results, **counts)
+
+
+#: HTTP answers that say a page is no more: its stored document is removed (`kb add-url` on it again).
+GONE_STATUSES = frozenset({404, 410})
 
 
 def _add_one(c: Container, collection: str, url: Any) -> UrlResult:
@@ -322,7 +358,22 @@ def _add_one(c: Container, collection: str, url: Any) -> UrlResult:
     try:
         return _fetch_and_write(c, collection, check_url(url, c.settings.url_allowed_hosts))
     except (DocumentError, ConfigError) as exc:
+        if isinstance(exc, DocumentError) and exc.data.get("status") in GONE_STATUSES:
+            return _remove_gone(c, collection, url, shown, exc.message)
         return UrlResult(url=shown, status="failed", reason=exc.message)
+
+
+def _remove_gone(c: Container, collection: str, url: str, shown: str, reason: str) -> UrlResult:
+    """A stored page that now answers 404 or 410 is removed ("removed"); one never stored is a failure. Only
+    the URL asked for is matched (a redirect's target is not known without the page)."""
+    from research_agent.ingest.service import delete_documents
+
+    document = document_for(url)
+    stored = stored_pages(c, collection, document)
+    if not stored:
+        return UrlResult(url=shown, status="failed", reason=reason)
+    delete_documents(c, collection, stored)
+    return UrlResult(url=shown, document=document, status="removed", reason=reason)
 
 
 def _redacted(url: str) -> str:
@@ -342,21 +393,33 @@ def _fetch_and_write(c: Container, collection: str, url: str) -> UrlResult:
     text, title = page_markdown(page)
     if not text.strip():
         raise DocumentError(f"{page.final_url[:200]} has no text", guidance="Check that the URL is a page.")
-    document = document_for(url)
+    document = document_for(page.final_url)  # one key per page, however it was reached (normalise)
     title = clean_text(title or "") or page.final_url
     digest = content_hash(f"{title}\n{text}")
     key = document_key(collection, document)
-    old = c.store.registry_get([key]).get(key)
+    stored = stored_pages(c, collection, document)
+    old, stale = stored.get(key), {k: m for k, m in stored.items() if k != key}  # stale: older keys of the page
     base = {"url": url, "document": document, "title": title, "final_url": page.final_url,
             "fetched_at": page.fetched_at}
     if old is not None and old.get("content_hash") == digest:
+        _drop_stale(c, collection, stale)
         return UrlResult(**base, status="unchanged")
     chunks = chunk_parsed(c, parse_text(text, format="markdown", name=title), document, title)
     if len(chunks) > s.max_chunks_per_file:
         raise DocumentError(f"{len(chunks)} chunks exceed the limit of {s.max_chunks_per_file} per document",
                             guidance="Raise RESEARCH_AGENT_MAX_CHUNKS_PER_FILE.")
-    doc = PreparedDocument(document=document, title=title, kind="web", source=url, content_hash=digest,
+    source = urlunsplit(urlsplit(page.final_url)._replace(fragment=""))
+    doc = PreparedDocument(document=document, title=title, kind="web", source=source, content_hash=digest,
                            chunks=chunks, extra={"url": url, "final_url": page.final_url,
                                                  "fetched_at": page.fetched_at, "content_type": page.content_type})
     written = write_documents(c, collection, [doc])
-    return UrlResult(**base, status="updated" if old is not None else "added", chunks_written=written)
+    _drop_stale(c, collection, stale)  # after the new version is visible: a kill between leaves both, not none
+    return UrlResult(**base, status="updated" if stored else "added", chunks_written=written)
+
+
+def _drop_stale(c: Container, collection: str, stale: dict[str, dict[str, Any]]) -> None:
+    from research_agent.ingest.service import delete_documents
+
+    if stale:
+        log.info("removing %d older key(s) of one page: %s", len(stale), sorted(m["document"] for m in stale.values()))
+        delete_documents(c, collection, stale)
