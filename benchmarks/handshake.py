@@ -1,5 +1,6 @@
 """MCP start-up benchmark: spawn the server N times per variant and time, from spawn, the `initialize` answer,
-the `tools/list` answer and the answer to a tool call sent with them; and the first HTTP `initialize`.
+the `tools/list` answer and the answer to a tool call sent with them; and over streamable HTTP the first
+`initialize` and the `tools/list` of that session (a real client's handshake, mcp-session-id included).
 
 Usage: .venv/bin/python benchmarks/handshake.py [--runs 7] [--busy 0] [--no-http] [--json]
 
@@ -7,7 +8,10 @@ Variants, spawned in turn (one round of each, N rounds) so the machine's load fa
   early lists    `python mcp_server.py` as shipped: initialize and the lists from the front (research_agent/mcp/
                  early.py), the tool call queued until the server is up
   no snapshot    the same with an empty snapshot: only `initialize` is early (the behaviour before issue 16)
-  serve          `research-agent serve` (the installed entry: the CLI imports first)
+  serve          `research-agent serve` as installed in the venv (.venv/bin/research-agent: its target in
+                 pyproject.toml decides whether the front starts before the CLI loads)
+  python -m research_agent serve
+                 research_agent/__main__.py:main, which starts the front before typer and the CLI load
 Every variant's client sends initialize, notifications/initialized, tools/list and a `get_status` call in one
 write, as a client that does not wait would; `stale` counts runs whose early list the server found stale
 (a list_changed notification), which means the snapshot needs `python -m research_agent.mcp.early`.
@@ -32,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 HELLO = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}
@@ -45,6 +50,7 @@ def _variants() -> dict[str, list[str]]:
     cli = shutil.which("research-agent", path=str(Path(sys.executable).parent))
     if cli:
         variants["serve"] = [cli, "serve"]
+    variants["python -m research_agent serve"] = [sys.executable, "-m", "research_agent", "serve"]
     return variants
 
 
@@ -107,30 +113,66 @@ def _context_bytes(tools: list[dict]) -> int:
     return len(json.dumps(kept, separators=(",", ":"), ensure_ascii=False).encode())
 
 
-def http_first_answer(env: dict[str, str]) -> float:
-    """Seconds from spawning `python mcp_server.py` on streamable HTTP to its first `initialize` answer (polled
-    every 20 ms; loopback, no auth)."""
-    import httpx
-
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**env, "RESEARCH_AGENT_TRANSPORT": "http", "RESEARCH_AGENT_PORT": str(port)}
+        return sock.getsockname()[1]
+
+
+def _http_result(response: Any) -> dict:
+    """The JSON-RPC message of a streamable-HTTP answer: plain JSON or one SSE `data:` line."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+        return json.loads(data[-1])
+    return response.json()
+
+
+def _http_session(client: Any, url: str) -> dict[str, float]:
+    """One client session as a real client runs it: initialize (its mcp-session-id), notifications/initialized,
+    tools/list; raises httpx.HTTPError while nothing listens yet. Seconds (perf_counter) at each answer."""
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": HELLO}
+    hello = client.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                                     "params": HELLO})
+    hello.raise_for_status()
+    at = {"initialize": time.perf_counter()}
+    headers = {**headers, "mcp-session-id": hello.headers.get("mcp-session-id", ""),
+               "mcp-protocol-version": HELLO["protocolVersion"]}
+    client.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    tools = client.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+    tools.raise_for_status()
+    assert _http_result(tools)["result"]["tools"], tools.text[:300]
+    at["tools_list"] = time.perf_counter()
+    return at
+
+
+def http_first_answer(command: list[str], env: dict[str, str]) -> dict[str, float]:
+    """Seconds from spawning `command` on streamable HTTP (loopback, no auth) to its first `initialize` answer
+    and to the `tools/list` answer of the same session; connection attempts every 20 ms."""
+    import httpx
+
+    port = _free_port()
+    env = {**env, "RESEARCH_AGENT_TRANSPORT": "http", "RESEARCH_AGENT_PORT": str(port)}
+    url = f"http://127.0.0.1:{port}/mcp"
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "mcp_server.py"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
-        while time.perf_counter() - started < 60:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.post(f"http://127.0.0.1:{port}/mcp", headers=headers, json=body, timeout=5).status_code == 200:
-                    return time.perf_counter() - started
-            time.sleep(0.02)
+        with httpx.Client(timeout=30) as client:
+            while time.perf_counter() - started < 60:
+                with contextlib.suppress(httpx.HTTPError):
+                    at = _http_session(client, url)
+                    return {k: v - started for k, v in at.items()}
+                time.sleep(0.02)
         raise RuntimeError("the HTTP server did not answer within 60 s")
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def _http_variants(variants: dict[str, list[str]]) -> dict[str, list[str]]:
+    """HTTP through `python mcp_server.py` and `research-agent serve` (the transport from the environment)."""
+    names = {"early lists": "python mcp_server.py"}
+    return {f"http {names.get(name, name)}": command for name, command in variants.items() if name != "no snapshot"}
 
 
 @contextlib.contextmanager
@@ -163,6 +205,15 @@ def _summary(runs: list[dict[str, float | int]]) -> dict[str, float | int]:
                 "tools_list_context_bytes"]}
 
 
+def _http_summary(variants: dict[str, list[str]], env: dict[str, str], runs: int) -> dict[str, object]:
+    times: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    for _ in range(runs):  # one round of each variant per run, as for stdio
+        for name, command in variants.items():
+            times[name].append(http_first_answer(command, env))
+    return {name: {f"{key}_median_s": round(statistics.median(t[key] for t in runs_), 3)
+                   for key in ("initialize", "tools_list")} for name, runs_ in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
@@ -183,8 +234,7 @@ def main() -> None:
                 runs[name].append(one_spawn(command, env))
         result.update({name: _summary(r) for name, r in runs.items()})
         if not args.no_http:
-            result["http_initialize_median_s"] = round(statistics.median(http_first_answer(env)
-                                                                         for _ in range(max(3, args.runs // 2))), 3)
+            result.update(_http_summary(_http_variants(variants), env, max(3, args.runs // 2)))
         result["load_average_1m_after"] = round(os.getloadavg()[0], 2)
         result.update({"python_startup_median_s": round(bare("pass", 5), 3),
                        "import_mcp_types_median_s": round(bare("import mcp.types", 5), 3),

@@ -61,6 +61,45 @@ def test_matched_words_name_the_field_they_occur_in(kb):
     assert matched == {"content": ["heartbeat"], "title": [], "keywords": ["throttling"]}
 
 
+def test_explain_gives_the_dense_weight_fusion_used(container, fake_embedder, docs_folder):
+    """The adaptive weight (retrieve.adaptive_dense_weight) convex fusion gave this query: fused with that weight
+    as a fixed one, the pool's fused scores come out the same (an outside tester could not see it before)."""
+    from research_agent.search.retrieve import fusion_scores, retrieve_candidates
+
+    collections.create_collection(container, "docs")
+    ingest.ingest_path(container, docs_folder, "docs")
+    query = "how do I configure the server"
+    result = query_knowledge(container, query, collections=["docs"], top_k=5, explain=True)
+    weights = {hit.explain["dense_weight"] for hit in result.results}
+    assert len(weights) == 1 and isinstance(w := weights.pop(), float) and 0.0 < w < 1.0
+    pool = retrieve_candidates(container, query, ["docs"], mode="hybrid", n=50)
+    assert len(pool) >= 5
+    fixed = fusion_scores([x.dense for x in pool], [x.keyword for x in pool], w, adaptive=False)
+    assert fixed == pytest.approx([x.fused for x in pool], abs=1e-3)
+    prior = fusion_scores([x.dense for x in pool], [x.keyword for x in pool], 0.5, adaptive=False)
+    assert prior != pytest.approx([x.fused for x in pool], abs=1e-3)  # the weight is the query's, not the prior
+    semantic = query_knowledge(container, query, collections=["docs"], mode="semantic", explain=True)
+    assert all(hit.explain["dense_weight"] is None for hit in semantic.results)
+
+
+def test_rrf_explains_its_fixed_weight(container, fake_embedder, monkeypatch):
+    from research_agent.container import build_container
+
+    monkeypatch.setenv("RESEARCH_AGENT_FUSION_METHOD", "rrf")
+    monkeypatch.setenv("RESEARCH_AGENT_HYBRID_DENSE_WEIGHT", "0.3")
+    path = Path.cwd() / FIXTURE.name
+    shutil.copy(FIXTURE, path)
+    collections.create_collection(container, "ops")
+    ingest.ingest_path(container, path, "ops")
+    c = build_container()
+    try:
+        result = query_knowledge(c, "retry budget", collections=["ops"], top_k=3, explain=True)
+    finally:
+        c.close()
+    assert result.results and all(h.explain["dense_weight"] == 0.3 and h.explain["fusion"] == "rrf"
+                                  for h in result.results)
+
+
 def test_a_word_absent_from_the_hit_is_not_listed():
     assert matched_words("xylophone retries", "A job is parked after its retry budget") == ["retries"]
     assert matched_words("the of", "the of") == []  # stop words are not keyword words
@@ -97,5 +136,5 @@ def test_cli_explain_prints_a_line_per_hit_and_json_carries_it(tmp_path):
     text = run(*query, "--explain").stdout
     lines = [line.strip() for line in text.splitlines() if line.strip().startswith("dense ")]
     assert len(lines) == len(hits) and "matched content: retry, budget; title: zephyr" in text, text
-    assert "rerank –" in lines[0]
+    assert "rerank –" in lines[0] and "(dense weight 0." in lines[0]
     assert "dense #" not in run(*query).stdout  # no explain lines without the flag

@@ -174,7 +174,7 @@ def test_importing_the_server_loads_no_heavy_libraries(tmp_path):
     assert proc.returncode == 0, proc.stderr
     seconds, loaded = proc.stdout.strip().splitlines()
     assert loaded == "[]", f"heavy imports at import time: {loaded}"
-    assert float(seconds) < 8
+    assert float(seconds) < 45  # a bound against a hang, not a timing goal (benchmarks/handshake.py has those)
 
 
 @pytest.mark.parametrize("asked, negotiated", [("2024-11-05", "2024-11-05"), ("2025-11-25", "2025-11-25"),

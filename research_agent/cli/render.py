@@ -258,8 +258,12 @@ def _snippet(text: str, limit: int = 240) -> str:
 def hit_location(hit: Any, path: str | None, cwd: Path | None = None) -> str:
     """Where a hit is, for an editor: `docs/guide.md:42` (its file relative to `cwd` when inside it, else
     absolute, and its first line); a research or note hit shows its document key (`kb get KEY:42` reads it);
-    a PDF hit its page."""
+    a PDF hit its page. A record (`kb add-records`) shows its document key `tools.jsonl#search_web`, what
+    `kb get` takes: its file alone names every record of the file (an "ambiguous" error), and its lines are
+    the record's text, not the file's."""
     where = hit.source_document
+    if hit.metadata.get("kind") == "record":
+        return where
     if path:
         cwd = cwd or Path.cwd().resolve()
         where = Path(path).relative_to(cwd).as_posix() if Path(path).is_relative_to(cwd) else path
@@ -270,15 +274,19 @@ def hit_location(hit: Any, path: str | None, cwd: Path | None = None) -> str:
 
 
 def explain_line(e: dict[str, Any]) -> str:
-    """`dense #3 0.61 · keyword #1 12.4 · fused 0.83 · rerank – · matched content: retry; title: retry`: a
-    hit's `explain` object on one line (– for a side that did not see the hit)."""
+    """`dense #3 0.61 · keyword #1 12.4 · fused 0.83 (dense weight 0.57) · rerank – · matched content: retry;
+    title: retry`: a hit's `explain` object on one line (– for a side that did not see the hit; the dense
+    weight fusion used, in hybrid mode only)."""
     def side(name: str) -> str:
         rank, score = e.get(f"{name}_rank"), e.get(name)
         return " ".join([name, *([f"#{rank}"] if rank else []), "–" if score is None else f"{score:.3g}"])
 
     fused, rerank = e.get("fused"), e.get("rerank")
     matched = "; ".join(f"{field}: {', '.join(words)}" for field, words in (e.get("matched") or {}).items() if words)
-    return " · ".join([side("dense"), side("keyword"), f"fused {'–' if fused is None else f'{fused:.3g}'}",
+    weight = e.get("dense_weight")
+    fused_text = "–" if fused is None else f"{fused:.3g}"
+    fused_text += "" if weight is None else f" (dense weight {weight:.2f})"
+    return " · ".join([side("dense"), side("keyword"), f"fused {fused_text}",
                        f"rerank {'–' if rerank is None else f'{rerank:.3g}'}", f"matched {matched or '–'}"])
 
 

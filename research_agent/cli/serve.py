@@ -1,30 +1,83 @@
 """`research-agent serve`: the same MCP server as `python mcp_server.py` (research_agent.mcp.app.run); an
-installed package has no top-level mcp_server module, so this is how installs start the server."""
+installed package has no top-level mcp_server module, so this is how installs start the server.
 
-from __future__ import annotations
+Importing this module imports neither typer nor the rest of the CLI: `research_agent.__main__.main` (the
+`research-agent` command) calls `start_front` with the command line first, so a plain `research-agent serve`
+(what every config in docs/clients runs) answers `initialize` and tools/list 0.03 s after spawn instead of
+after typer and the CLI's modules load (0.2 s quiet, 1.2-1.6 s under load; benchmarks/handshake.py). The
+typer command itself, `serve`, is built on first access (research_agent/cli/main.py registers it).
+"""
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-import typer
+#: `serve` options that take a value: the only arguments `start_front` accepts after `serve`. Anything else
+#: (`--help`, a global option before `serve`, an unknown flag) leaves the command line to the CLI, which may
+#: print to stdout, so the front must not have claimed it.
+SERVE_VALUE_OPTIONS = ("--transport", "--host", "--port")
 
-from research_agent.cli.state import get_state
+
+def early_serve_transport(args: list[str]) -> str | None:
+    """The transport `research-agent <args>` serves on when it is `serve` with nothing but SERVE_VALUE_OPTIONS
+    (the --transport flag, else RESEARCH_AGENT_TRANSPORT, else stdio), or None: not a plain `serve`."""
+    import os
+
+    if not args or args[0] != "serve":
+        return None
+    values: dict[str, str] = {}
+    rest = iter(args[1:])
+    for arg in rest:
+        name, equals, value = arg.partition("=")
+        if name not in SERVE_VALUE_OPTIONS:
+            return None
+        if not equals:
+            value = next(rest, None)
+            if value is None:
+                return None  # the CLI's usage error
+        values[name] = value
+    return values.get("--transport") or os.environ.get("RESEARCH_AGENT_TRANSPORT", "stdio").lower()
 
 
-def serve(
-    ctx: typer.Context,
-    transport: Optional[Literal["stdio", "http"]] = typer.Option(
-        None, "--transport", help="stdio for an editor or agent, http for the network (default from settings: stdio)."
-    ),
-    host: Optional[str] = typer.Option(None, "--host", help="HTTP bind address (default from settings: 127.0.0.1)."),
-    port: Optional[int] = typer.Option(None, "--port", help="HTTP port (default from settings: 8765)."),
-) -> None:
-    """Run the MCP server (stdio by default)."""
-    from research_agent.mcp.stdio import drop_working_directory_from_path, start_early
+def start_front(args: list[str]) -> None:
+    """Claim stdio and answer the handshake and the lists now (research_agent/mcp/stdio.py) if `args` (the
+    command line after `research-agent`) is a plain `serve` on stdio; otherwise do nothing."""
+    if early_serve_transport(args) == "stdio":
+        from research_agent.mcp.stdio import start_early
 
-    start_early(transport)  # answers `initialize` while the server imports
-    drop_working_directory_from_path()  # never a workspace's own research_agent package
-    from research_agent.mcp.app import run
+        start_early("stdio")  # the command calls it again: a no-op once the wire is claimed
 
-    state = get_state(ctx)
-    run(transport=transport, host=host, port=port, config_file=state.config_file,
-                   settings_overrides={k: v for k, v in state.overrides().items() if v is not None})
+
+def _command() -> Any:
+    """The typer command (typer imported here, not at module level: see the module docstring)."""
+    import typer
+
+    from research_agent.cli.state import get_state
+
+    def serve(
+        ctx: typer.Context,
+        transport: Optional[Literal["stdio", "http"]] = typer.Option(
+            None, "--transport",
+            help="stdio for an editor or agent, http for the network (default from settings: stdio)."),
+        host: Optional[str] = typer.Option(
+            None, "--host", help="HTTP bind address (default from settings: 127.0.0.1)."),
+        port: Optional[int] = typer.Option(None, "--port", help="HTTP port (default from settings: 8765)."),
+    ) -> None:
+        """Run the MCP server (stdio by default)."""
+        from research_agent.mcp.stdio import drop_working_directory_from_path, start_early
+
+        start_early(transport)  # answers `initialize` while the server imports (already, if start_front did)
+        drop_working_directory_from_path()  # never a workspace's own research_agent package
+        from research_agent.mcp.app import run
+
+        state = get_state(ctx)
+        run(transport=transport, host=host, port=port, config_file=state.config_file,
+            settings_overrides={k: v for k, v in state.overrides().items() if v is not None})
+
+    return serve
+
+
+def __getattr__(name: str) -> Any:
+    """`serve`, the typer command, built on first access."""
+    if name == "serve":
+        command = globals()["serve"] = _command()
+        return command
+    raise AttributeError(name)

@@ -4,6 +4,8 @@
                     collection scope, rerank blending and the token budget
 - filters.py        metadata filters: validation, the Chroma `where` clause, the keyword-side predicate
 - retrieve.py       candidates from the dense and keyword sides, convex / RRF fusion, the per-document cap
+- diversity.py      the opt-in diversity pass: sections first under the per-document cap, then MMR within
+                    sections
 - refine.py         refinement advice (optimal / too_broad / clarification_needed) and suggested queries
 - keyword_index.py  the BM25 index per collection (tantivy on our tokens): build, apply per document, rank
 - keyword_sync.py   keeps it current: saved with the store, caught up from the change log (or a manifest diff)

@@ -14,10 +14,10 @@ from pydantic import BaseModel
 
 from research_agent.errors import CollectionError, QueryError
 from research_agent.ingest.nodes import STORED_EXTRA_KEYS
-from research_agent.search import calibration
+from research_agent.search import calibration, diversity
 from research_agent.search.filters import validate_filters
 from research_agent.search.refine import QueryRefinement, refine
-from research_agent.search.retrieve import Candidate, cap_per_document, retrieve_candidates
+from research_agent.search.retrieve import Candidate, adaptive_dense_weight, cap_per_document, retrieve_candidates
 from research_agent.text import checked_text, clean_text, keyword_words, snippet, stemmer
 
 if TYPE_CHECKING:
@@ -202,10 +202,13 @@ def matched_words(query: str, text: str) -> list[str]:
     return [w for w, st in zip(words, stemmer().stemWords(words)) if st in found] if found else []
 
 
-def explain_hit(query: str, cand: Candidate, mode: str, fusion: str | None) -> dict[str, Any]:
+def explain_hit(query: str, cand: Candidate, mode: str, fusion: str | None,
+                dense_weight: float | None = None) -> dict[str, Any]:
     """One hit's ranks and scores as `metadata.retrieval`/`ranks` hold them (rounded to 4 places; a side that
-    did not see the hit is null) and the query words found in its content, title line and front-matter
-    keywords (issue 17, as tobi/qmd's --explain). Computed for the returned hits only (at most top_k)."""
+    did not see the hit is null), the dense weight fusion gave the query (`dense_weight`, from
+    fusion_dense_weight; null outside hybrid) and the query words found in its content, title line and
+    front-matter keywords (issue 17, as tobi/qmd's --explain). Computed for the returned hits only (at most
+    top_k)."""
     meta = cand.metadata
     title = " ".join(str(meta[k]) for k in TITLE_KEYS if isinstance(meta.get(k), str))
     kw = meta.get("keywords")
@@ -213,9 +216,20 @@ def explain_hit(query: str, cand: Candidate, mode: str, fusion: str | None) -> d
     score = {k: None if v is None else round(v, 4) for k, v in (
         ("dense", cand.dense), ("keyword", cand.keyword), ("fused", cand.fused), ("rerank", cand.rerank))}
     return {"dense_rank": cand.ranks.get("dense"), "keyword_rank": cand.ranks.get("keyword"), **score,
-            "mode": mode, "fusion": fusion,
+            "mode": mode, "fusion": fusion, "dense_weight": None if dense_weight is None else round(dense_weight, 4),
             "matched": {"content": matched_words(query, cand.text), "title": matched_words(query, title),
                         "keywords": matched_words(query, keywords)}}
+
+
+def fusion_dense_weight(mode: str, fusion: str, fused: list[Candidate], base: float) -> float | None:
+    """The dense weight hybrid fusion gave this query: convex fusion's adaptive weight of the whole fused pool
+    (the inputs fuse_convex gives adaptive_dense_weight: every candidate's cosine and BM25, before the
+    per-document cap; the pool's order does not matter), RRF's fixed `base`; None outside hybrid."""
+    if mode != "hybrid":
+        return None
+    if fusion != "convex":
+        return base
+    return adaptive_dense_weight([x.dense or 0.0 for x in fused], [x.keyword or 0.0 for x in fused], base)
 
 
 def _set_paths(c: Container, hits: list[QueryHit]) -> None:
@@ -237,7 +251,7 @@ def query_knowledge(c: Container, query: str, *, collections: list[str] | None =
                     top_k: int = 10, document_context: str | None = None, mode: str = "hybrid",
                     rerank: bool = True, filters: dict[str, Any] | None = None, max_tokens: int | None = None,
                     snippets: bool = False, per_document_cap: int | None = None,
-                    explain: bool = False) -> QueryResult:
+                    explain: bool = False, diverse: bool = False) -> QueryResult:
     """Search collections and return the top_k chunks, reranked by the cross-encoder when it is available.
 
     filters: {field: value or [values]} on content_type, kind, node_type, status, tags/keywords,
@@ -245,6 +259,8 @@ def query_knowledge(c: Container, query: str, *, collections: list[str] | None =
     this many (estimated) tokens; the first hit is always returned. snippets: return the ~60-token window
     of each chunk that best matches the query instead of the whole chunk. per_document_cap: override
     settings.per_document_cap (0 = no cap). explain: give each hit an `explain` object (`explain_hit`).
+    diverse: pick the top_k by maximal marginal relevance (search/diversity.py), so near-duplicate chunks of
+    one section do not fill the list; off, the ranking is untouched.
     """
     s = c.settings
     t0 = time.perf_counter()
@@ -261,24 +277,36 @@ def query_knowledge(c: Container, query: str, *, collections: list[str] | None =
     n = max(s.retrieval_candidates, n_rerank, top_k * max(cap, 1))
     fused = retrieve_candidates(c, query, names, mode=mode, n=n, document_context=document_context,
                                 timings=timings, filters=flt)
-    fused = cap_per_document(fused, cap)
+    capped = diversity.cap_sections_first(fused, cap) if diverse else cap_per_document(fused, cap)
     warnings: list[str] = []
     use_rerank = bool(rerank and s.rerank)
+    size = n_rerank if use_rerank else top_k * (diversity.DIVERSITY_POOL_FACTOR if diverse else 1)
     # Scores are computed over a window that does not depend on top_k (hybrid's pooled scores and the sorted
     # modes' order read the hits below), so a hit keeps its score whatever --top-k asks for.
-    window = fused[:max(s.retrieval_candidates, n_rerank if use_rerank else top_k)]
-    pool, scores = calibrated_order(c, query, window, n_rerank if use_rerank else top_k, mode, use_rerank, timings,
-                                    warnings)
+    window = capped[:max(s.retrieval_candidates, size)]
+    pool, scores = calibrated_order(c, query, window, size, mode, use_rerank, timings, warnings)
     reranked = any(cand.rerank is not None for cand in pool)
+    if diverse:
+        t = time.perf_counter()
+        pool, scores = diversity.diversify(c, pool, scores, top_k)
+        timings["diversity"] = (time.perf_counter() - t) * 1000
     hits, used_tokens, truncated = _hits(c, query, pool[:top_k], scores, snippets=snippets, max_tokens=max_tokens)
     if explain:
-        fusion = s.fusion_method if mode == "hybrid" else None
-        for hit, cand in zip(hits, pool):
-            hit.explain = explain_hit(query, cand, mode, fusion)
+        _explain(c, query, hits, pool, mode, fused)
     timings["total"] = (time.perf_counter() - t0) * 1000
     return QueryResult(query=query, mode=mode, collections=names, reranked=reranked, warnings=warnings, results=hits,
                        query_refinement=refine(query, hits, s), timings_ms={k: round(v, 1) for k, v in timings.items()},
                        filters=flt, total_tokens=used_tokens, truncated_by_budget=truncated)
+
+
+def _explain(c: Container, query: str, hits: list[QueryHit], pool: list[Candidate], mode: str,
+             fused: list[Candidate]) -> None:
+    """Each hit's `explain` object; `fused` is the whole fused pool (before the per-document cap)."""
+    s = c.settings
+    fusion = s.fusion_method if mode == "hybrid" else None
+    weight = fusion_dense_weight(mode, s.fusion_method, fused, s.hybrid_dense_weight)
+    for hit, cand in zip(hits, pool):
+        hit.explain = explain_hit(query, cand, mode, fusion, weight)
 
 
 def _validate_arguments(mode: str, top_k: Any, max_tokens: Any, settings: Any) -> None:

@@ -1,0 +1,105 @@
+"""Issue 16 through the installed entry: `research-agent serve` (what every config in docs/clients runs) starts the
+MCP front before the CLI (typer and its modules) loads, so its lists are as early as `python mcp_server.py`'s.
+
+Real subprocesses over real stdio; the timings live in benchmarks/handshake.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from research_agent.mcp import early
+from test_mcp import TOOLS
+from test_mcp_startup import HELLO, _raw_lines, _request, _send_all, _session, _stop, _wait_for, _without_id
+from test_mcp_stdio import ROOT
+
+# The CLI entry, but importing typer blocks for 120 s: whatever is answered meanwhile came before the CLI loaded.
+HOLD_TYPER = ("import sys, time\n"
+              "class Hold:\n"
+              "    def find_spec(self, name, path=None, target=None):\n"
+              "        if name == 'typer':\n"
+              "            time.sleep(120)\n"
+              "sys.meta_path.insert(0, Hold())\n"
+              "sys.argv = ['research-agent', 'serve']\n"
+              "import runpy\n"
+              "runpy.run_module('research_agent', run_name='__main__')\n")
+
+
+def _console_script() -> list[str]:
+    """`research-agent` as pyproject.toml's [project.scripts] declares it (what pip writes into .venv/bin)."""
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["research-agent"]
+    module, attr = target.split(":")
+    return [sys.executable, "-c", f"import sys; sys.argv[0] = 'research-agent'; from {module} import {attr}; "
+                                  f"sys.exit({attr}())"]
+
+
+def test_the_cli_entry_answers_initialize_and_tools_list_before_the_cli_loads(tmp_path):
+    """With typer's import held up, the entry still answers the handshake and tools/list from the snapshot (the
+    old entry imported the whole CLI first: nothing came until typer had loaded)."""
+    s = _session(tmp_path, [sys.executable, "-c", HOLD_TYPER])
+    try:
+        _send_all(s, [_request(1, "initialize", HELLO), {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                      _request(2, "tools/list")])
+        hello, tools = _wait_for(s, 1, 2)
+    finally:
+        _stop(s)
+    assert hello["result"]["serverInfo"]["name"] == early.SERVER_NAME
+    stored = early.stored_answers()["2025-06-18"]["tools/list"]
+    assert _raw_lines(s)[2] == b'{"jsonrpc":"2.0","id":2,"result":%s}' % stored.encode()
+    assert sorted(t["name"] for t in tools["result"]["tools"]) == sorted(TOOLS)
+
+
+@pytest.mark.parametrize("entry", ["console script", "python -m research_agent"])
+def test_research_agent_serve_lists_what_the_server_lists_and_nothing_else_on_stdout(tmp_path, entry):
+    """The whole session through the CLI entry: the early tools/list equals (but for the id, byte for byte) the
+    server's own answer once it is up, a tool call sent with the handshake works, stdout holds only JSON-RPC, no
+    list_changed (a stale early list) is sent, and closing stdin ends the process cleanly."""
+    command = _console_script() if entry == "console script" else [sys.executable, "-m", "research_agent"]
+    s = _session(tmp_path, [*command, "serve"])
+    try:
+        _send_all(s, [_request(1, "initialize", HELLO), {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                      _request(2, "tools/list"), _request(3, "tools/call", {"name": "get_status", "arguments": {}})])
+        (status,) = _wait_for(s, 3)
+        assert status["result"]["structuredContent"]["version"]
+        assert "result" in s.request(4, "tools/list")  # the server is serving: the SDK answers this one
+        assert s.close() == 0
+    finally:
+        _stop(s)
+    lines = _raw_lines(s)  # every stdout line is JSON-RPC 2.0, each id answered once
+    assert sorted(lines) == [1, 2, 3, 4] and len(s.lines) == 4, s.lines
+    assert _without_id(lines[2], 2) == _without_id(lines[4], 4)
+    assert "differs" not in s.stderr(), s.stderr()
+
+
+def test_serve_help_still_prints_on_stdout():
+    """`serve --help` is not a server: the fast path leaves it to the CLI, whose help goes to stdout."""
+    done = subprocess.run([sys.executable, "-m", "research_agent", "serve", "--help"], cwd=ROOT, capture_output=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert b"--transport" in done.stdout
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    (["serve"], None, "stdio"),
+    (["serve", "--transport", "stdio", "--port=9000"], "http", "stdio"),
+    (["serve", "--transport=http"], None, "http"),
+    (["serve"], "HTTP", "http"),
+    (["serve", "--help"], None, None),
+    (["serve", "--transport"], None, None),
+    (["serve", "--json"], None, None),
+    (["--store", "/x", "serve"], None, None),
+    (["query", "serve"], None, None),
+    ([], None, None),
+])
+def test_only_a_plain_serve_command_line_takes_the_fast_path(monkeypatch, args, env, expected):
+    from research_agent.cli.serve import early_serve_transport
+
+    if env is None:
+        monkeypatch.delenv("RESEARCH_AGENT_TRANSPORT", raising=False)
+    else:
+        monkeypatch.setenv("RESEARCH_AGENT_TRANSPORT", env)
+    assert early_serve_transport(args) == expected
