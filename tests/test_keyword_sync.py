@@ -33,7 +33,8 @@ QUERY = (
     "c = build_container()\n"
     "with c.store.session():\n"
     "    res = query.query_knowledge(c, sys.argv[2], collections=['docs'], mode='keyword', rerank=False)\n"
-    "print(json.dumps({'hits': [h.content for h in res.results], 'catch_ups': len(keyword_sync.RECENT)}))\n"
+    "print(json.dumps({'hits': [h.content for h in res.results], 'catch_ups': len(keyword_sync.RECENT),\n"
+    "                  'modes': [[x.mode, len(x.documents)] for x in keyword_sync.RECENT]}))\n"
 )
 # The catch-up dies while adding its second chunk (segments written, nothing committed).
 DIE_IN_CATCH_UP = (
@@ -294,3 +295,56 @@ def test_an_index_newer_than_a_restored_store_is_reconciled_not_trusted(tmp_path
     last = step(write=[["r2.md", "oldtext beta two\n"]], ask=["brandnewtextone", "oldtext"])
     assert last["found"] == {"brandnewtextone": [], "oldtext": ["oldtext alpha", "oldtext beta two", "oldtext gamma"]}
     assert last["modes"] == ["diff"]  # the index's revision is not in the restored log: every manifest compared
+
+
+def test_after_a_reindex_another_process_catches_up_the_next_write_by_the_log(animals, tmp_path):
+    """Trigger: `kb reindex` bumped the revision with no change record, so after its next write every process's
+    catch-up compared every manifest (~7 s at 1M documents) because the index's own revision was in no record.
+    Now the bump writes a reset record: the new collection's index is built once, then the log carries on."""
+    from research_agent import ingest
+
+    assert keyword_hits(animals, "okapi")  # the index of the collection before the swap
+    ingest.reindex_collection(animals, "docs")
+    assert keyword_hits(animals, "okapi")[0].startswith("Okapis")  # the swapped-in collection's, built
+    augment.add_research(animals, "docs", "Tardigrades survive in space.", "src-t", title="Tardigrade")
+    out = child(QUERY, "tardigrade")
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["hits"] and got["hits"][0].startswith("Tardigrades")
+    assert got["modes"] == [["log", 1]]
+    assert contents(current_index(animals)) == contents(fresh_build(animals, tmp_path))  # nothing stale
+
+
+def test_doctors_repair_is_caught_up_by_the_log_naming_the_documents_it_dropped(animals):
+    """Trigger: `doctor --repair` bumped the revision with no change record (a full manifest diff in every
+    process). It now logs the incomplete documents whose manifests it drops: one document's catch-up."""
+    from research_agent.ops.doctor import run_doctor
+    from research_agent.search import keyword_sync as sync
+    from research_agent.storage.registry import version_ids
+
+    assert keyword_hits(animals, "okapi")
+    col = open_collection(animals, "docs")
+    okapi = next(m for m in animals.store.registry_find("document", "docs").values() if m.get("title") == "Okapi")
+    col.delete(ids=version_ids("docs", [okapi]))  # its chunks lost behind the store's back: incomplete
+    assert run_doctor(animals, repair=True).healthy
+    sync.RECENT.clear()
+    assert not any("Okapis" in t for t in keyword_hits(animals, "okapi rainforest"))
+    assert [(x.mode, x.documents, x.chunks) for x in sync.RECENT] == [("log", [okapi["document"]], 0)]
+    assert keyword_hits(animals, "narwhal")[0].startswith("Narwhals")
+
+
+def test_a_reset_record_makes_the_next_catch_up_a_full_diff_once(animals, monkeypatch):
+    """A reset record (a bump no write names: a restored reindex backup) is read as "compare every manifest";
+    the diff's index then holds the reset's revision, so the next write is caught up by the log again."""
+    from research_agent.search import keyword_sync as sync
+
+    assert keyword_hits(animals, "okapi")
+    okapi = next(k for k, m in animals.store.registry_find("document", "docs").items() if m.get("title") == "Okapi")
+    animals.store.registry_delete([okapi])  # removed behind the log's back, then announced by a reset only
+    animals.store.bump_revision("docs")
+    sync.RECENT.clear()
+    assert not any("Okapis" in t for t in keyword_hits(animals, "okapi"))
+    augment.add_research(animals, "docs", "Tardigrades survive in space.", "src-t", title="Tardigrade")
+    monkeypatch.setattr(sync, "EMBEDDED_SKEW_SECONDS", 0)  # the reset is older than the window (2 s otherwise)
+    assert keyword_hits(animals, "tardigrade")[0].startswith("Tardigrades")
+    assert [(x.mode, len(x.documents)) for x in sync.RECENT] == [("diff", 1), ("log", 1)]

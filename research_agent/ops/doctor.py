@@ -59,9 +59,13 @@ def _check_collection(c: Container, col: Any, repair: bool, actions: list[str]) 
         # ingest adds the file again from scratch.
         doomed = orphans + [cid for cid in version_ids(name, [manifests[k] for k in incomplete]) if cid in present]
         with c.store.write_lock():
+            # Readers can see only the dropped manifests change (no manifest names an orphan, so no index
+            # holds one): a record naming those documents, logged before they go (as a delete does), lets each
+            # keyword index catch up by the log instead of comparing every manifest (~7 s at 1M documents).
+            rev = c.store.log_change(name, (manifests[k]["document"] for k in incomplete))
             delete_chunks(col, doomed)
             c.store.registry_delete(incomplete)
-            c.store.bump_revision(name)
+            c.store.bump_revision(name, rev)
         actions.append(f"{name}: removed {len(orphans)} orphan chunks, {len(incomplete)} incomplete documents "
                        "(re-ingest them)")
     missing = _missing_files(manifests)

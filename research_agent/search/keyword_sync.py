@@ -11,12 +11,14 @@ the index's state names another, the index catches up before it answers:
   1. which documents may differ: the change records (storage/registry.py `log_change`, one per write, written
      just before its manifests flip, naming its documents and the revision it bumps to) stamped after the
      index's position minus `SKEW_SECONDS`. The log is used only if its records announce the current
-     revision (else some write is not in it: a bump by `doctor`, a writer of an older version) AND the
-     index's own revision (else the log does not continue from the index: the store was restored from a
-     backup older than the index), and it reaches back to the position (records are kept
-     CHANGE_LOG_SECONDS); otherwise every manifest is compared with the state (`full diff`, one registry
-     read). The position is the time of the record announcing the index's revision (a build or full diff
-     looks it up in the log). An index with no state, or saved before its Chroma collection id was kept, is
+     revision (else some write is not in it: a writer of an older version) AND the index's own revision
+     (else the log does not continue from the index: the store was restored from a backup older than the
+     index), it holds no reset record since (`log_reset`: a change it cannot name document by document, e.g.
+     `kb reindex`'s swap; every revision bump without a change record writes one), and it reaches back to the
+     position (records are kept CHANGE_LOG_SECONDS); otherwise every manifest is compared with the state
+     (`full diff`, one registry read), once: the reset record then announces the index's revision. The
+     position is the time of the record announcing the index's revision (a build or full diff looks it up in
+     the log). An index with no state, or saved before its Chroma collection id was kept, is
      built from a full scan; one holding another collection's id (a symlinked or copied folder) is not used.
   2. of those, the documents whose manifest content hash differs from the index's (`versions_of`: only the
      named documents' state is read; the full diff reads every document's, `all_versions`); their entries
@@ -41,6 +43,9 @@ or its lock fails), leaves the process an in-memory index, caught up the same wa
 are removed on first open and the index built again (once per collection): the bm25s indexes
 (`<revision>-w2.3-a1-bm25s0.3.16` folders) and tantivy folders of an older analyzer/layout version
 (`tantivy-w2.3-a2`, one state entry with every document's hash), with their lock files.
+
+Over 400 lines because the log, the diff, the lock and the fallbacks are one protocol whose correctness
+argument is above: split apart, each half would depend on invariants only the other enforces.
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ from research_agent.search.keyword_index import (
 )
 from research_agent.storage import chunks as chunk_pages
 from research_agent.storage.locks import _flock
-from research_agent.storage.registry import CHANGE_LOG_SECONDS, DOCUMENT, document_key, version_ids
+from research_agent.storage.registry import CHANGE_LOG_SECONDS, DOCUMENT, announced, document_key, version_ids
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -344,18 +349,27 @@ def _logged_documents(store: Any, collection: str, state: IndexState, rev: str,
     if not state.log_at or now_ns - state.log_at > CHANGE_LOG_SECONDS * 1_000_000_000 - skew:
         return None
     records = store.changes_since(collection, state.log_at - skew - 1)
-    at = {r.get("revision"): int(r["at"]) for r in records}
-    if rev not in at or state.revision not in at:
+    at = {announced(r): int(r["at"]) for r in records}
+    if rev not in at or state.revision not in at or _reset_since(records, state.revision):
         return None
     return {d for r in records for d in r["documents"]}, at[rev]
 
 
+def _reset_since(records: list[dict[str, Any]], held: str) -> bool:
+    """Whether a reset record (`log_reset`: a change the log cannot name, e.g. `kb reindex`) other than the one
+    announcing the index's own revision `held` is among `records`. Any reset in the window counts, even one
+    stamped a little before `held`'s record: under clock skew between server writers its time cannot say it
+    came first, and a missed reset would leave the index stale; a needless full diff only costs time (so
+    writes within the skew window after a reset, 2 s embedded and 5 min on a server, each cost one)."""
+    return any(r.get("reset") and r["reset"] != held for r in records)
+
+
 def _announced_at(store: Any, collection: str, rev: str, now_ns: int) -> int:
     """When the change record announcing `rev` was written (the whole log read: builds and full diffs only), so
-    the next catch-up finds the index's revision in the log; `now_ns` if no record announced it (a bump by
-    `doctor`: the next catch-up is a full diff again)."""
+    the next catch-up finds the index's revision in the log; `now_ns` if no record announced it (a bump by a
+    writer of a version before reset records: the next catch-up is a full diff again)."""
     records = store.changes_since(collection, now_ns - CHANGE_LOG_SECONDS * 1_000_000_000)
-    return next((int(r["at"]) for r in records if r.get("revision") == rev), now_ns)
+    return next((int(r["at"]) for r in records if announced(r) == rev), now_ns)
 
 
 def _manifests(store: Any, collection: str, documents: set[str] | None = None) -> dict[str, dict[str, Any]]:

@@ -30,7 +30,7 @@ PROJECT = "project"    # a named group of collections
 INTENT = "intent"      # a write in progress: the old and new versions of each document it touches
 REVISION = "revision"  # a token that changes on every write to a collection (caches compare it)
 HISTORY = "history"    # one recent query
-CHANGE = "change"      # one write's documents and the revision it bumps to (the keyword index's catch-up log)
+CHANGE = "change"      # one write's documents and the revision it bumps to, or a reset (the keyword index's log)
 
 #: How long change records are kept: a write prunes older ones, so the log stays about one record per write of
 #: the last day (a busy day of 5,000 batch writes is ~5,000 small records). A keyword index that last caught up
@@ -139,10 +139,12 @@ class RegistryMixin:
         return str(rec.get(revision_key(collection), {}).get("revision", "0"))
 
     def bump_revision(self, collection: str, rev: str | None = None) -> str:
-        # A fresh random token, not a counter: two writers on a Chroma server cannot lose a bump
-        # by both reading N and writing N+1. Caches only ever compare it for equality. `rev` is the token a
-        # `log_change` record announced.
-        rev = rev or uuid.uuid4().hex
+        """Publish a new revision: `rev`, the token a `log_change` record announced, or without one a fresh
+        token announced by a reset record (`log_reset`), so that no revision is ever missing from the log.
+
+        A fresh random token, not a counter: two writers on a Chroma server cannot lose a bump by both reading
+        N and writing N+1. Caches only ever compare it for equality."""
+        rev = rev or self.log_reset(collection)
         self.registry_put({revision_key(collection): {"revision": rev}}, REVISION, collection)
         return rev
 
@@ -150,17 +152,37 @@ class RegistryMixin:
     def log_change(self, collection: str, documents: Iterable[str]) -> str:
         """Record that a write is about to change `documents`; returns the revision token the write must bump
         to (`bump_revision(collection, rev)`). Written before the write's first step, so every manifest
-        change is named by a record older than the revision that publishes it. Prunes records older than
-        CHANGE_LOG_SECONDS (`at` is a number so Chroma's `where` can compare it)."""
-        rev, at = uuid.uuid4().hex, time.time_ns()
-        record = {"revision": rev, "at": at, "documents": sorted(set(documents))}
+        change is named by a record older than the revision that publishes it."""
+        rev = uuid.uuid4().hex
+        self._append_change(collection, {"revision": rev, "documents": sorted(set(documents))})
+        return rev
+
+    def log_reset(self, collection: str) -> str:
+        """Record a change the log cannot name document by document (`kb reindex`'s swap, a restored reindex
+        backup: the collection is another Chroma collection; `bump_revision` without a token); returns the
+        revision token it announces.
+
+        Why a record at all: a revision no record announces made every reader do a full manifest diff, and
+        after its next write a second one (the index's own revision was not in the log either): ~0.7 s per
+        100k documents each, ~7 s at 1M. The reset record is read as "compare every manifest once", after
+        which the log carries on. Its token is under "reset", not "revision": a reader of the previous version
+        then finds the revision unannounced and does the full diff it always did, where an empty "documents"
+        under "revision" would have told it that nothing changed."""
+        rev = uuid.uuid4().hex
+        self._append_change(collection, {"reset": rev, "documents": []})
+        return rev
+
+    def _append_change(self, collection: str, record: dict[str, Any]) -> None:
+        """Write one change record stamped now, and prune records older than CHANGE_LOG_SECONDS (`at` is a
+        number so Chroma's `where` can compare it)."""
+        at = time.time_ns()
+        record = {**record, "at": at}
         self.meta.upsert(ids=[change_key(collection, at)], embeddings=[[1.0]], documents=[json.dumps(record)],
                          metadatas=[{"record": CHANGE, "collection": collection, "at": at}])
         cutoff = at - CHANGE_LOG_SECONDS * 1_000_000_000
         # Every collection's expired records at once: a filter on `collection` made Chroma scan that collection's
         # manifests too (~0.4 s per write at 100k documents); record + time alone touches only change records.
         self.meta.delete(where={"$and": [{"record": CHANGE}, {"at": {"$lt": cutoff}}]})
-        return rev
 
     def changes_since(self, collection: str, after_ns: int) -> list[dict[str, Any]]:
         """The change records of `collection` stamped after `after_ns`, oldest first."""
@@ -173,8 +195,13 @@ class RegistryMixin:
         return sorted(found, key=lambda r: r["at"])
 
 
+def announced(record: dict[str, Any]) -> str | None:
+    """The revision a change record announces: a write's ("revision") or a reset's ("reset", `log_reset`)."""
+    return record.get("revision") or record.get("reset")
+
+
 __all__ = [
     "CHANGE", "CHANGE_LOG_SECONDS", "DOCUMENT", "HISTORY", "INTENT", "META_COLLECTION", "PROJECT", "RESERVED_PREFIX",
     "REVISION", "RegistryMixin",
-    "change_key", "document_key", "history_key", "intent_key", "project_key", "revision_key",
+    "announced", "change_key", "document_key", "history_key", "intent_key", "project_key", "revision_key",
 ]
