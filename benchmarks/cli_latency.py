@@ -18,6 +18,15 @@ Medians over `--runs` runs; queries cycle through a fixed list so no run reuses 
 benchmarks/.cache/latency/cross-encoder, random head: same cost, meaningless scores) is the reranker
 (RESEARCH_AGENT_RERANKER_MODEL), scored by CrossEncoder ("torch", rerank.NUMPY_RERANKER off: before) and by
 numpy_encoder.NumpyCrossEncoder ("numpy": after). The import rows are left out (they do not change).
+
+`--before REV` adds a "before" column: the same CLI query run from the tree of git revision REV (exported once under
+benchmarks/.cache/latency/before-REV, first on sys.path), alternated with the current tree's query in every run, so
+both see the same load (a 1M-chunk benchmark and other work share the 2 cores); only its total is measured.
+
+The current CLI opens the store (chromadb's import and client) in a thread while it loads the models and embeds
+the query (Container.open_store_in_background / warm_query): the `store open || models` row is that overlapped
+step, `of which: store open (thread)` the thread's own time, `of which: waited for store` what the main thread
+still waited after its own work.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,26 +129,28 @@ def stages(store: str, query: str, variant: str = "") -> dict[str, float]:
 
     import research_agent.cli.main  # noqa: F401 - what the CLI imports before any command runs
     lap("cli imports")
+    _record_thread_end()
+    from research_agent import rerank
     from research_agent.catalog.collections import open_collection
     from research_agent.container import build_container
     from research_agent.search.keyword_index import keyword_index
 
-    c = build_container(store=store)
+    if variant:
+        rerank.NUMPY_RERANKER = variant == "numpy"
+    c = build_container(store=store, one_shot=True)
+    opened = time.perf_counter()
+    c.open_store_in_background()
+    thread = c._opening
+    c.warm_query(query, "hybrid", bool(variant))
+    waited = time.perf_counter()
+    c.wait_for_store()
+    out["of which: waited for store"] = (time.perf_counter() - waited) * 1000
+    out["of which: store open (thread)"] = _thread_ms(thread, opened)
     with c.store.session():
         col = open_collection(c, COLLECTION)
-        lap("store open")
+        lap("store open || models, query embed")
         keyword_index(c, COLLECTION, col)
         lap("keyword index")
-        embedder = c.embedder
-        lap("model load")
-        embedder.embed_query(query)
-        lap("query embed")
-        if variant:
-            from research_agent import rerank
-
-            rerank.NUMPY_RERANKER = variant == "numpy"
-            assert c.reranker.load(), c.reranker.error
-            lap("reranker load")
         from research_agent.search.service import query_knowledge
 
         result = query_knowledge(c, query, collections=[COLLECTION])
@@ -153,6 +165,29 @@ def stages(store: str, query: str, variant: str = "") -> dict[str, float]:
     return out
 
 
+_FINISHED: dict[int, float] = {}
+
+
+def _thread_ms(thread: object, started: float) -> float:
+    """How long the store-open thread ran (joined by now): its end is recorded by a wrapper on its target."""
+    return (_FINISHED.get(id(thread), time.perf_counter()) - started) * 1000
+
+
+def _record_thread_end() -> None:
+    """Wrap Container._open_quietly so the stages child knows when the store-open thread finished."""
+    from research_agent.container import Container
+
+    inner = Container._open_quietly
+
+    def timed(self):  # type: ignore[no-untyped-def]
+        try:
+            inner(self)
+        finally:
+            _FINISHED[id(threading.current_thread())] = time.perf_counter()
+
+    Container._open_quietly = timed  # type: ignore[method-assign]
+
+
 def wall(cmd: list[str], env: dict[str, str] | None = None) -> float:
     started = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL,
@@ -160,35 +195,61 @@ def wall(cmd: list[str], env: dict[str, str] | None = None) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def cli_command(store: str, query: str, variant: str = "") -> list[str]:
-    head = [PY, "-c", TORCH_CLI] if variant == "torch" else [CLI]
+def before_tree(rev: str) -> Path:
+    """The tree of git revision `rev` (resolved: HEAD moves), exported once (git archive), for the "before" column."""
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    path = HERE / ".cache" / "latency" / f"before-{rev}"
+    if not (path / "research_agent" / "__init__.py").is_file():
+        path.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(path)], input=archive, check=True)
+    return path
+
+
+def cli_command(store: str, query: str, variant: str = "", before: Path | None = None) -> list[str]:
+    if variant == "before":
+        assert before is not None
+        code = (f"import sys; sys.path.insert(0, {str(before)!r}); import research_agent; "
+                f"assert research_agent.__file__.startswith({str(before)!r}); "
+                "from research_agent.cli.main import app; app(prog_name='research-agent')")
+        head = [PY, "-c", code]
+    else:
+        head = [PY, "-c", TORCH_CLI] if variant == "torch" else [CLI]
     return head + ["--json", "--store", store, "query", query, "--collections", COLLECTION]
 
 
-def measure(chunks: int, runs: int, variant: str = "") -> dict[str, float]:
-    """Median ms per row; `variant` (torch|numpy) reranks with the local cross-encoder (see the docstring)."""
+def measure(chunks: int, runs: int, variants: tuple[str, ...], rerank: bool,
+            before: Path | None = None) -> dict[str, dict[str, float]]:
+    """Median ms per row and variant. Variants alternate inside every run (the order flips each run), so a
+    change in the machine's load hits all of them alike. `rerank`: the local cross-encoder (see the docstring)."""
     store = str(store_path(chunks))
-    env = {"RESEARCH_AGENT_RERANKER_MODEL": str(cross_encoder_path())} if variant else {}
-    rows: dict[str, list[float]] = {}
+    env = {"RESEARCH_AGENT_RERANKER_MODEL": str(cross_encoder_path())} if rerank else {}
+    rows: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
 
-    def add(name: str, ms: float) -> None:
-        rows.setdefault(name, []).append(ms)
+    def add(variant: str, name: str, ms: float) -> None:
+        rows[variant].setdefault(name, []).append(ms)
 
     # One untimed CLI query first: it builds whatever the store keeps on disk (keyword index, ONNX export).
-    subprocess.run(cli_command(store, QUERIES[0], variant), check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, **env})
+    for v in variants:
+        subprocess.run(cli_command(store, QUERIES[0], v, before), check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, **env})
     for i in range(runs):
         query = QUERIES[i % len(QUERIES)]
-        startup = wall([PY, "-c", "pass"])
-        add("python startup", startup)
-        for mod in [] if variant else IMPORTS:
-            add(f"import {mod}", wall([PY, "-c", f"import {mod}"]) - startup)
-        child = subprocess.run([PY, __file__, "--stages", store, query, variant], check=True, capture_output=True,
-                               text=True, env={**os.environ, **env})
-        for name, ms in json.loads(child.stdout.strip().splitlines()[-1]).items():
-            add(name, ms)
-        add("total (CLI, new process)", wall(cli_command(store, query, variant), env))
-    return {name: round(statistics.median(v), 1) for name, v in rows.items()}
+        for v in variants if i % 2 == 0 else variants[::-1]:
+            add(v, "python startup", wall([PY, "-c", "pass"]))
+            if v == "before":
+                add(v, "total (CLI, new process)", wall(cli_command(store, query, v, before), env))
+                continue
+            for mod in [] if rerank else IMPORTS:
+                add(v, f"import {mod}", wall([PY, "-c", f"import {mod}"]) - rows[v]["python startup"][-1])
+            stage = v if v in VARIANTS else ""
+            child = subprocess.run([PY, __file__, "--stages", store, query, stage], check=True, capture_output=True,
+                                   text=True, env={**os.environ, **env})
+            for name, ms in json.loads(child.stdout.strip().splitlines()[-1]).items():
+                add(v, name, ms)
+            add(v, "total (CLI, new process)", wall(cli_command(store, query, v, before), env))
+    return {v: {name: round(statistics.median(x), 1) for name, x in r.items()} for v, r in rows.items()}
 
 
 def main() -> int:
@@ -200,16 +261,24 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--rerank", action="store_true", help="reranked queries, CrossEncoder (torch) against numpy")
+    ap.add_argument("--before", metavar="REV", help="add the same query from git revision REV's tree, alternated")
+    ap.add_argument("--no-torch", action="store_true", help="with --rerank: leave out the torch CrossEncoder column")
     args = ap.parse_args()
     ensure_store(args.chunks)
-    variants = VARIANTS if args.rerank else ("",)
-    medians = {v or "default": measure(args.chunks, max(1, args.runs), v) for v in variants}
+    variants: tuple[str, ...] = (("numpy",) if args.no_torch else VARIANTS) if args.rerank else ("default",)
+    before = before_tree(args.before) if args.before else None
+    if before is not None:
+        variants = ("before", *variants)
+    load = os.getloadavg()[0]
+    medians = measure(args.chunks, max(1, args.runs), variants, args.rerank, before)
     if args.json:
-        print(json.dumps({"chunks": args.chunks, "runs": args.runs, "cpus": os.cpu_count(),
-                          "median_ms": medians if args.rerank else medians["default"]}))
+        print(json.dumps({"chunks": args.chunks, "runs": args.runs, "cpus": os.cpu_count(), "before": args.before,
+                          "load_average": [round(load, 1), round(os.getloadavg()[0], 1)],
+                          "median_ms": medians if (args.rerank or before) else medians["default"]}))
         return 0
     print(f"{args.chunks} chunks, {args.runs} new processes, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+          + (f"; before = {args.before}" if args.before else ""))
     print("| stage | " + " | ".join(medians) + " |\n|---|" + "---|" * len(medians))
     for name in dict.fromkeys(n for m in medians.values() for n in m):
         cells = [m.get(name) for m in medians.values()]

@@ -73,6 +73,15 @@ class Reranker:
                     self._retry_at = time.monotonic() + embeddings.HUB_RETRY_SECONDS
             return self.available
 
+    def warm(self) -> None:
+        """Load a reranker that is on disk, with its weights, so the query's first score does not wait for them
+        (a CLI query does this while the store opens). An uncached hub model is left to `load`: its download or
+        hub probe belongs to a query that reaches reranking."""
+        if self.available is None and not embeddings.on_disk(self.model_name):
+            return
+        if self.load() and isinstance(self._model, numpy_encoder.NumpyCrossEncoder):
+            self._model.w  # noqa: B018 - reads the safetensors file (~90 MB) now
+
     def _load(self, target: str, local_only: bool) -> Any:
         """The backend's model. FlagReranker has no local_files_only, but a local-only target is a folder."""
         if self.backend == "flagembedding":

@@ -187,3 +187,29 @@ def test_the_cap_gives_a_documents_slots_to_distinct_sections_first():
     assert [x.id for x in cap_sections_first(cands[:4], 3)] == ["c0", "c1", "c2", "c3"]  # one section: as before
     assert cap_sections_first(cands, 1) == cap_per_document(cands, 1)
     assert cap_sections_first(cands, 0) == cands
+
+
+@pytest.mark.slow
+def test_cli_diverse_flag_spreads_the_hits(tmp_path):
+    """A real `research-agent query --diverse` process with the packaged model: the flag reaches the library."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "manual.md").write_text(manual())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RESEARCH_AGENT_STORE": str(tmp_path / "store")}
+
+    def run(*args: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "research_agent", *args], capture_output=True, text=True,
+                             timeout=300, cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout) if args[0] == "--json" else {}
+
+    run("collections", "create", "ops")
+    run("kb", "add-document", "manual.md", "--collection", "ops")
+    query = ("--json", "query", QUERY, "--collections", "ops", "--no-rerank", "--top-k", "3")
+    plain = [h["metadata"]["header_path"] for h in run(*query)["results"]]
+    spread = run(*query, "--diverse")
+    assert plain == [BUDGET] * 3
+    assert len({h["metadata"]["header_path"] for h in spread["results"]}) == 3 and "diversity" in spread["timings_ms"]

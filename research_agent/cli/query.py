@@ -39,6 +39,8 @@ def query(
     snippets: bool = typer.Option(False, "--snippets", help="Return the most relevant excerpt of each chunk."),
     explain: bool = typer.Option(False, "--explain",
                                  help="Show each hit's ranks, scores and the query words it matched."),
+    diverse: bool = typer.Option(False, "--diverse",
+                                 help="Spread hits over sections: fewer near-duplicate chunks (MMR)."),
 ) -> None:
     """Search the knowledge base.
 
@@ -55,6 +57,8 @@ def query(
       echo "retry policy" | research-agent query -
 
       research-agent query "retry budget" --explain
+
+      research-agent query "retry budget" --diverse
     """
     if collections is not None and project is not None:
         raise typer.BadParameter("pass either --collections or --project, not both", param_hint="'--project'")
@@ -67,9 +71,17 @@ def query(
         text = read_stdin().strip()
     from research_agent.search.service import query_knowledge
 
+    # The store opens (chromadb's import and client: 0.5-1.5 s on 2 shared cores) in a thread while this one loads
+    # the query's models and embeds the query, which then cost ~nothing more (benchmarks/cli_latency.py, CLI latency
+    # section of benchmarks/README.md). Same results; errors surface from the search as before.
+    c = state.container()
+    c.open_store_in_background()
+    c.warm_query(text, mode, not no_rerank)
+    c.wait_for_store()
     result = state.read(query_knowledge, text, collections=split_names(collections), project=project, top_k=top_k,
                         document_context=context, mode=mode, rerank=not no_rerank, filters=parse_filters(filter),
-                        max_tokens=max_tokens, snippets=snippets, explain=explain)
+                        max_tokens=max_tokens, snippets=snippets, explain=explain,
+                        diverse=diverse)
     render.emit(state, result, render.query_result)
 
 
