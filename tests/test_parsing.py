@@ -135,8 +135,10 @@ def test_broken_front_matter_keeps_the_body_and_warns(caplog: pytest.LogCaptureF
         "tags: [a, b]\n\tindented: with a tab\n",  # a tab where YAML wants spaces
         "key: [" * 2000 + "\n",  # nested deeper than the YAML composer recurses
         "title: x\n" * 40_000,  # over the size limit
+        "title: a\x01b\n",  # a control character YAML's reader refuses before parsing (the file was dropped)
+        "title: \x85next\n",  # a C1 character
     ],
-    ids=["tab", "deep", "huge"],
+    ids=["tab", "deep", "huge", "control", "c1"],
 )
 def test_unusable_front_matter_of_a_file_is_skipped_not_the_file(tmp_path: Path, front_matter: str) -> None:
     path = tmp_path / "card.md"

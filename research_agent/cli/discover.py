@@ -6,9 +6,9 @@ from typing import Any, Literal, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from research_agent.cli import render
+from research_agent.cli.render import escape
 from research_agent.cli.state import get_state, split_names
 
 TaskType = Literal["implement", "debug", "refactor", "document", "review", "design", "test"]
@@ -102,7 +102,7 @@ def _retrieval(console: Console, r: Any) -> None:
     def show(node: Any) -> None:
         console.print(f"[dim]<!-- {escape(node.id)} · {escape(node.path)} · {node.tokens} tokens -->[/dim]")
         text = node.content if node.sections is None else "\n\n".join(s.text for s in node.sections)
-        console.print(text, markup=False)
+        console.print(render.printable(text), markup=False)
         console.print()
         for child in node.children:
             show(child)

@@ -6,10 +6,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from research_agent.cli import render
 from research_agent.cli.collections import create as create_collection
+from research_agent.cli.render import escape
 from research_agent.cli.state import get_state
 
 URLS = typer.Argument(..., metavar="URL...", help="http(s) URLs of pages to fetch (hosts allowed by "

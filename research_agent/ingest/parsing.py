@@ -331,7 +331,10 @@ def _load_front_matter(source: str) -> Any:
 
     if len(source) > MAX_FRONT_MATTER_BYTES:
         raise DocumentError(f"it is {len(source):,} characters, over the {MAX_FRONT_MATTER_BYTES:,} limit")
-    loader = yaml.SafeLoader(source)
+    try:
+        loader = yaml.SafeLoader(source)
+    except yaml.YAMLError as exc:  # its reader refuses control characters (`\x01`) before any parsing
+        raise DocumentError(f"invalid YAML: {getattr(exc, 'problem', None) or str(exc).splitlines()[0]}") from exc
     try:
         node = loader.get_single_node()
         if node is None:
