@@ -7,15 +7,22 @@ quiet, 1-1.6 s under load (benchmarks/handshake.py). Any other command line goes
 
 import sys
 
+#: Exit status for Ctrl-C (128 + SIGINT), what a shell reports for a command it interrupted.
+INTERRUPTED_EXIT = 130
+
 
 def main() -> None:
-    """The `research-agent` command."""
-    from research_agent.cli.serve import start_front
+    """The `research-agent` command. Ctrl-C while it loads (1-2 s under load, before typer's own handling is in
+    place) exits with INTERRUPTED_EXIT and no traceback."""
+    try:
+        from research_agent.cli.serve import start_front
 
-    start_front(sys.argv[1:])
-    from research_agent.cli.main import app
+        start_front(sys.argv[1:])
+        from research_agent.cli.main import app
 
-    app(prog_name="research-agent")
+        app(prog_name="research-agent")
+    except KeyboardInterrupt:
+        sys.exit(INTERRUPTED_EXIT)
 
 
 if __name__ == "__main__":

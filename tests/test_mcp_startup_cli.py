@@ -6,16 +6,19 @@ Real subprocesses over real stdio; the timings live in benchmarks/handshake.py.
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
 import tomllib
+import typing
 
 import pytest
 
 from research_agent.mcp import early
 from test_mcp import TOOLS
 from test_mcp_startup import HELLO, _raw_lines, _request, _send_all, _session, _stop, _wait_for, _without_id
-from test_mcp_stdio import ROOT
+from test_mcp_stdio import ROOT, _mcp_env
 
 # The CLI entry, but importing typer blocks for 120 s: whatever is answered meanwhile came before the CLI loaded.
 HOLD_TYPER = ("import sys, time\n"
@@ -87,7 +90,13 @@ def test_serve_help_still_prints_on_stdout():
     (["serve"], None, "stdio"),
     (["serve", "--transport", "stdio", "--port=9000"], "http", "stdio"),
     (["serve", "--transport=http"], None, "http"),
-    (["serve"], "HTTP", "http"),
+    (["serve"], "http", "http"),
+    (["serve"], "HTTP", None),
+    (["serve"], "", "stdio"),
+    (["serve", "--port", "abc"], None, None),
+    (["serve", "--transport", ""], None, None),
+    (["serve", "--port=0"], None, None),
+    (["serve", "--host="], None, None),
     (["serve", "--help"], None, None),
     (["serve", "--transport"], None, None),
     (["serve", "--json"], None, None),
@@ -103,3 +112,58 @@ def test_only_a_plain_serve_command_line_takes_the_fast_path(monkeypatch, args, 
     else:
         monkeypatch.setenv("RESEARCH_AGENT_TRANSPORT", env)
     assert early_serve_transport(args) == expected
+
+
+# A launch the CLI or the settings reject, and the exit code the CLI gave before the fast path existed (d107746):
+# 2 is typer's usage error, 3 a ConfigError from the settings. A client must see no handshake from any of them
+# ("connected, 14 tools" and then a dead server), only the error on stderr.
+REJECTED_LAUNCHES = [
+    (["serve", "--port", "abc"], {}, 2),
+    (["serve", "--transport", ""], {}, 2),
+    (["serve", "--transport", "STDIO"], {}, 2),
+    (["serve", "--port", "0"], {}, 3),
+    (["serve", "--port=70000"], {}, 3),
+    (["serve"], {"RESEARCH_AGENT_TRANSPORT": "Stdio"}, 3),
+    (["serve"], {"RESEARCH_AGENT_TRANSPORT": "garbage"}, 3),
+    (["serve"], {"RESEARCH_AGENT_PORT": "abc"}, 3),
+]
+
+
+@pytest.mark.parametrize("args, env, code", REJECTED_LAUNCHES)
+def test_a_rejected_serve_launch_exits_with_the_cli_error_and_nothing_on_stdout(tmp_path, args, env, code):
+    """The handshake is on stdin from the start; the process must still exit with the CLI's code, stdout empty."""
+    handshake = "".join(json.dumps(m) + "\n" for m in (
+        _request(1, "initialize", HELLO), {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        _request(2, "tools/list")))
+    done = subprocess.run([sys.executable, "-m", "research_agent", *args], cwd=tmp_path, input=handshake.encode(),
+                          env={**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false", **env}, capture_output=True,
+                          timeout=120)
+    assert done.stdout == b"", done.stdout[:300]
+    assert done.returncode == code, done.stderr.decode(errors="replace")[-500:]
+    assert b"Traceback" not in done.stderr
+
+
+def test_the_fast_path_accepts_what_the_settings_accept():
+    """serve.py cannot import research_agent.config (pydantic costs the fast path its lead), so it keeps its own
+    copy of the transport names and the port range: they must be the Settings fields' own."""
+    from research_agent.cli import serve
+    from research_agent.config import Settings
+
+    assert serve.TRANSPORTS == typing.get_args(Settings.model_fields["transport"].annotation)
+    bounds = {type(m).__name__: m for m in Settings.model_fields["port"].metadata}
+    assert serve.PORT_RANGE == (bounds["Ge"].ge, bounds["Le"].le)
+
+
+def test_ctrl_c_while_serve_starts_exits_quietly(tmp_path):
+    """Ctrl-C (SIGINT) once the handshake is answered but while the CLI and the server still load: exit 130 and no
+    traceback on stderr."""
+    s = _session(tmp_path, [sys.executable, "-m", "research_agent", "serve"])
+    try:
+        _send_all(s, [_request(1, "initialize", HELLO)])
+        _wait_for(s, 1)
+        s.proc.send_signal(signal.SIGINT)
+        code = s.proc.wait(timeout=60)
+    finally:
+        _stop(s)
+    assert code == 130, s.stderr()
+    assert "Traceback" not in s.stderr(), s.stderr()

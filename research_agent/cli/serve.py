@@ -16,12 +16,41 @@ from typing import Any, Literal, Optional
 SERVE_VALUE_OPTIONS = ("--transport", "--host", "--port")
 
 
-def early_serve_transport(args: list[str]) -> str | None:
-    """The transport `research-agent <args>` serves on when it is `serve` with nothing but SERVE_VALUE_OPTIONS
-    (the --transport flag, else RESEARCH_AGENT_TRANSPORT, else stdio), or None: not a plain `serve`."""
+#: What research_agent/config.py's Settings accept for `transport` and `port` (tests/test_mcp_startup_cli.py checks
+#: they are the fields' own): kept here because importing the settings (pydantic) would cost the front its lead.
+#: The front answers only launches these accept, so a launch the CLI or the settings reject (exit 2 or 3) never
+#: shows a client a handshake first.
+TRANSPORTS = ("stdio", "http")
+PORT_RANGE = (1, 65535)
+ENV_PREFIX = "RESEARCH_AGENT_"
+
+
+def _acceptable(option: str, value: str) -> bool:
+    """Whether `value` for `option` (--transport, --host, --port) is exactly what the CLI and the settings take:
+    the transport as spelt in TRANSPORTS, a non-empty host, a port of plain digits in PORT_RANGE."""
+    if option == "--transport":
+        return value in TRANSPORTS
+    if option == "--port":
+        return value.isascii() and value.isdigit() and PORT_RANGE[0] <= int(value) <= PORT_RANGE[1]
+    return value != ""
+
+
+def launch_environment_ok() -> bool:
+    """Whether RESEARCH_AGENT_TRANSPORT and _PORT, if set, are values the settings accept (empty is unset, as in
+    config._env_layer): otherwise loading the settings fails (exit 3) and nothing may be answered before."""
     import os
 
-    if not args or args[0] != "serve":
+    return all(_acceptable(option, os.environ[ENV_PREFIX + option[2:].upper()])
+               for option in ("--transport", "--port") if os.environ.get(ENV_PREFIX + option[2:].upper()))
+
+
+def early_serve_transport(args: list[str]) -> str | None:
+    """The transport `research-agent <args>` serves on when it is `serve` with nothing but SERVE_VALUE_OPTIONS,
+    each with a value the CLI and the settings accept, and a launch environment they accept (the --transport
+    flag, else RESEARCH_AGENT_TRANSPORT, else stdio), or None: leave it to the CLI."""
+    import os
+
+    if not args or args[0] != "serve" or not launch_environment_ok():
         return None
     values: dict[str, str] = {}
     rest = iter(args[1:])
@@ -31,10 +60,10 @@ def early_serve_transport(args: list[str]) -> str | None:
             return None
         if not equals:
             value = next(rest, None)
-            if value is None:
-                return None  # the CLI's usage error
+        if value is None or not _acceptable(name, value):
+            return None  # the CLI's usage error (2) or the settings' (3)
         values[name] = value
-    return values.get("--transport") or os.environ.get("RESEARCH_AGENT_TRANSPORT", "stdio").lower()
+    return values.get("--transport") or os.environ.get(ENV_PREFIX + "TRANSPORT") or "stdio"
 
 
 def start_front(args: list[str]) -> None:
@@ -64,7 +93,8 @@ def _command() -> Any:
         """Run the MCP server (stdio by default)."""
         from research_agent.mcp.stdio import drop_working_directory_from_path, start_early
 
-        start_early(transport)  # answers `initialize` while the server imports (already, if start_front did)
+        if launch_environment_ok() and (port is None or _acceptable("--port", str(port))):  # else exit 3
+            start_early(transport)  # answers `initialize` while the server imports (already, if start_front did)
         drop_working_directory_from_path()  # never a workspace's own research_agent package
         from research_agent.mcp.app import run
 
