@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from research_agent.cli.main import app
-from research_agent.cli.render import printable
+from research_agent.cli.terminal import printable
 
 runner = CliRunner()
 HOSTILE = ("---\ntitle: paint \x1b[31mred\x1b[0m tool\n---\n# Paint \x1b]8;;http://evil.example\x07link\x1b]8;;\x07\n\n"

@@ -8,8 +8,8 @@ import typer
 from rich.console import Console
 
 from research_agent.cli import render
-from research_agent.cli.render import escape
 from research_agent.cli.state import get_state, split_names
+from research_agent.cli.terminal import escape, printable
 
 TaskType = Literal["implement", "debug", "refactor", "document", "review", "design", "test"]
 
@@ -102,7 +102,7 @@ def _retrieval(console: Console, r: Any) -> None:
     def show(node: Any) -> None:
         console.print(f"[dim]<!-- {escape(node.id)} · {escape(node.path)} · {node.tokens} tokens -->[/dim]")
         text = node.content if node.sections is None else "\n\n".join(s.text for s in node.sections)
-        console.print(render.printable(text), markup=False)
+        console.print(printable(text), markup=False)
         console.print()
         for child in node.children:
             show(child)

@@ -6,7 +6,6 @@ Errors and progress go to stderr so stdout stays parseable in both modes.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,33 +14,16 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape as escape_markup
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
 from research_agent.cli.state import CliState
+from research_agent.cli.terminal import escape, printable
 
 #: Width of output that is not a terminal (a pipe, a file): wide enough that nothing wraps, since scripts grep
 #: lines and Rich's 80-column default for pipes cut table cells and messages in two.
 PIPED_WIDTH = 10_000
-
-
-#: What stored text may not send to a terminal: C0 controls but tab and newline, DEL, C1 controls, and the
-#: bidirectional overrides and isolates (U+202A-U+202E, U+2066-U+2069) that make text read backwards. A catalog
-#: title holding ESC[2J cleared the user's screen through `retrieve`; ESC]8 made a disguised link.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(text: str) -> str:
-    """`text` with every control character shown as a visible escape (`\\x1b`, `\\u202e`): people's output
-    shows what is stored without letting it drive the terminal; `--json` keeps the text exactly."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
-
-
-def escape(text: str) -> str:
-    """Stored text for a Rich markup string: controls made visible (`printable`), then markup escaped."""
-    return escape_markup(printable(text))
 
 
 def _console(**kwargs: Any) -> Console:

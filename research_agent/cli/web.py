@@ -9,8 +9,8 @@ from rich.console import Console
 
 from research_agent.cli import render
 from research_agent.cli.collections import create as create_collection
-from research_agent.cli.render import escape
 from research_agent.cli.state import get_state
+from research_agent.cli.terminal import escape
 
 URLS = typer.Argument(..., metavar="URL...", help="http(s) URLs of pages to fetch (hosts allowed by "
                                                    "RESEARCH_AGENT_URL_ALLOWED_HOSTS).")

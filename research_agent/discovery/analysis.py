@@ -2,7 +2,7 @@
 
 Discovery matches a task to nodes by stemmed content words: `terms` is
 research_agent.text's `discovery_terms` analyzer (its stop list drops the verbs every task starts with but
-keeps action words such as "create" and "get"), re-exported under the name discovery has always exported.
+keeps action words such as "create" and "get") plus the non-Latin words the keyword index sees.
 """
 
 from __future__ import annotations
@@ -10,9 +10,23 @@ from __future__ import annotations
 import re
 from datetime import date
 
-from research_agent.text import discovery_terms as terms
+from research_agent.text import discovery_terms, keyword_words
 
 __all__ = ["terms", "identifiers", "defined_identifiers", "first_sentence", "parse_date", "count_tokens", "to_plain"]
+
+def terms(text: str) -> list[str]:
+    """Discovery's terms: discovery_terms' stems, then the keyword index's words that are not ASCII.
+
+    Why: discovery_terms reads only `[A-Za-z][A-Za-z0-9]+`, so a CJK or Cyrillic task had no terms at all
+    (`discover "获取实时天气"` best 0.04, nothing listed, while `query` found the section at rank 1). Taking
+    the other words from keyword_words (`\\w\\w+`, a CJK run is one word) matches them exactly as the keyword
+    index does. ASCII text gets exactly discovery_terms' list, so English scores cannot move.
+    """
+    stems = discovery_terms(text)
+    if text.isascii():
+        return stems
+    return stems + [w for w in keyword_words(text) if not w.isascii()]
+
 
 #: Markdown markup -> its text. Every rule is linear in the text: a scan that may fail stops at the next
 #: character that could start another try ("[" for links and their targets, "*" for emphasis), so no two

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
-from research_agent.text import discovery_terms as terms
+from research_agent.discovery.analysis import terms
 
 #: "I have / given / from X ... need / want / get / into / to Y" (the have side ends at the first need word).
 _HAVE_NEED = re.compile(r"\b(?:have|has|got|given|from)\b(?P<have>.+?)(?:\b(?:needs?|wants?|get|into|to)\b|->|→)"

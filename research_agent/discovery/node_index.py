@@ -20,11 +20,17 @@ from dataclasses import dataclass, field, fields
 from datetime import date
 from typing import TYPE_CHECKING, Any
 
-from research_agent.discovery.analysis import count_tokens, defined_identifiers, first_sentence, identifiers, parse_date
+from research_agent.discovery.analysis import (
+    count_tokens,
+    defined_identifiers,
+    first_sentence,
+    identifiers,
+    parse_date,
+    terms,
+)
 from research_agent.discovery.direction import Sides, tool_sides
 from research_agent.storage.chunks import visible_chunks
 from research_agent.storage.revision_cache import RevisionCache
-from research_agent.text import discovery_terms as terms
 
 if TYPE_CHECKING:
     from research_agent.container import Container

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from research_agent.discovery import scoring
-from research_agent.discovery.analysis import identifiers
+from research_agent.discovery.analysis import identifiers, terms
 from research_agent.discovery.boosts import BoostRules, boosts_for
 from research_agent.discovery.direction import direction, task_sides
 from research_agent.discovery.models import Recommendation
 from research_agent.discovery.node_index import Node, NodeIndex, ancestors, unit
-from research_agent.text import discovery_terms as terms, surface_words
+from research_agent.text import surface_words
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -468,10 +468,14 @@ def message(recs: list[Recommendation], scored: list[Scored], min_score: float) 
     """What the caller should do next: which bands to load and how many tokens, or that nothing matched."""
     above = [r for r in recs if r.relevance_score >= min_score]
     if not above:
-        best = max((x.score for x in scored), default=0.0)
-        listed = (f" The {len(recs)} closest nodes are listed with priority 'skip' (each under {min_score:g}: "
-                  "probably not what the task needs)." if recs else "")
-        return (f"No knowledge relevant to this task was found (best match scored {best:.2f} < {min_score:g})."
+        best = _shown_below(max((x.score for x in scored), default=0.0), min_score)
+        listed = ""
+        if recs:
+            nodes = "closest node is" if len(recs) == 1 else f"{len(recs)} closest nodes are"
+            each = "" if len(recs) == 1 else "each "
+            listed = (f" The {nodes} listed with priority 'skip' ({each}under {min_score:g}: probably not what "
+                      "the task needs).")
+        return (f"No knowledge relevant to this task was found (best match scored {best} < {min_score:g})."
                 f"{listed} Proceed without loaded context, or try search_knowledge with the terms your "
                 "documents use.")
     bands = Counter(r.priority for r in above)
@@ -481,6 +485,32 @@ def message(recs: list[Recommendation], scored: list[Scored], min_score: float) 
     if len(recs) > len(above):
         said.append(f"{len(recs) - len(above)} less likely (skip, < {min_score:g})")
     return f"{', '.join(said)}. {_advice(above)}"
+
+
+def _shown_below(score: float, min_score: float) -> str:
+    """`score` as the recommendations show it (3 decimals), cut down when rounding would reach `min_score`.
+
+    Why: "{best:.2f}" printed 0.497 as "best match scored 0.50 < 0.5", a false comparison; the listed
+    relevance_score is round(score, 3), so 0.497 reads the same in both places, and 0.4996 reads 0.499.
+    """
+    shown = round(score, 3)
+    if shown >= min_score:
+        shown = math.floor(score * 1000) / 1000
+    return f"{shown:.3f}"
+
+
+def empty_message(names: list[str]) -> str:
+    """The answer when the collections searched hold no documents: say so, and how to fill them.
+
+    Why: over an empty collection the abstention read "best match scored 0.00 < 0.5", as though the
+    documents had been read and found irrelevant. It still opens as every abstention does, for callers that
+    look for that phrase (tests/test_discovery.py::test_empty_store_and_empty_collection).
+    """
+    which = ", ".join(repr(n) for n in names)
+    held = "collection holds" if len(names) == 1 else "collections hold"
+    target = names[0] if len(names) == 1 else "NAME"
+    return (f"No knowledge relevant to this task was found: the {held} no documents ({which}). Add documents with "
+            f'`ingest_documents(path="PATH", collection="{target}")`, then call discover_context again.')
 
 
 def _advice(above: list[Recommendation]) -> str:

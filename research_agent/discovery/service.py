@@ -98,8 +98,10 @@ def discover_context(c: Container, task_description: str, *, task_type: str | No
     recs = ranking.recommendations(listed, indexes, max_results)
     timings["score"] = (time.perf_counter() - t) * 1000
     timings["total"] = (time.perf_counter() - t0) * 1000
+    said = ranking.message(recs, scored, min_score) if any(ix.nodes for ix in indexes) else \
+        ranking.empty_message(names)
     return DiscoveryResult(recommendations=recs, total_available=sum(1 for x in listed if x.score >= min_score),
-                           message=ranking.message(recs, scored, min_score), task_type=task_type, collections=names,
+                           message=said, task_type=task_type, collections=names,
                            timings_ms={k: round(v, 1) for k, v in timings.items()})
 
 
