@@ -7,8 +7,8 @@ Usage: .venv/bin/python benchmarks/diversity.py [--sets docsqa,scifact,nfcorpus]
 Each query runs through the real `query_knowledge` twice, without and with `diverse=True` (no reranker, as
 offline). The diversity pass is observed: its pool (3 x top_k candidates, capped per document sections first),
 their calibrated scores and stored vectors are kept, then MMR is re-run offline for each lambda (1: no MMR,
-only the section-first cap; --plain: the cosine of every pair as the redundancy, plain MMR, instead of
-diversity.redundancies' same-section cosine). Stores: <store-root>/<set> (copies of the caches of
+only the near-copies-last cap; --plain: every pair treated as one section, so redundancies' thresholded
+cosine (diversity.NEAR_COPY_COSINE) applies across sections too). Stores: <store-root>/<set> (copies of the caches of
 benchmarks/docsqa.py and benchmarks/beir_sets.py, so nothing here writes to a store another run reads).
 
 Sets: docsqa (40 questions on research-agent's own docs, section judgments, a section counted once, as
@@ -152,7 +152,7 @@ def main() -> int:
     ap.add_argument("--store-root", default="/tmp/diversity-stores")
     ap.add_argument("--limit", type=int)
     ap.add_argument("--lambdas", default="1,0.85,0.7,0.5,0.3")
-    ap.add_argument("--plain", action="store_true", help="plain MMR: the cosine of every pair, for comparison")
+    ap.add_argument("--plain", action="store_true", help="near-copies across sections too, for comparison")
     args = ap.parse_args()
     from research_agent.container import build_container
 

@@ -54,6 +54,43 @@ parked. Alerts name the queue and the most common error.
 """
 
 
+def guide() -> str:
+    """One section ("Calibrated scores") of three different-but-related chunks, one of them twice (a near-copy:
+    cosine 0.996 with the packaged model; the two different ones have cosine 0.72, the median of two chunks of
+    one section of our docs being 0.53), and three sections about something else (scores under 0.03)."""
+    calib = ("A hit's relevance score is a calibrated probability: the raw fused score of the query and chunk is "
+             "mapped through a logistic curve fitted on judged queries, so a score of 0.7 means that about seven "
+             "in ten hits scored like this one were judged relevant. The calibration curve is fitted per mode and "
+             "stored with the collection, and a recalibration runs after every large ingest. ")
+    labels = ("Labels turn calibrated scores into words for the reader: a hit at or above 0.5 is labelled "
+              "Relevant, one from 0.2 to 0.5 Possibly relevant, and anything lower Not relevant. The label "
+              "thresholds were chosen on judged queries so that Relevant hits are right nine times in ten, and "
+              "the command line colours each label. Agents read the label before the probability. ")
+    return f"""# Scoring guide
+
+## Calibrated scores
+
+{calib * 3}The curve has two parameters.
+
+{calib * 3}The curve is refitted monthly.
+
+{labels * 3}
+
+## Disk layout
+
+The store keeps one folder per collection with the vector index, the keyword index and a manifest per document;
+backups copy the folder while no writer holds the lock.
+
+## Network ports
+
+The server listens on port 8000 by default and refuses requests whose origin header names another host.
+
+## Release notes
+
+Version two added folder watching, the records importer and a faster start of the command line.
+"""
+
+
 # -- the selection itself ------------------------------------------------------------------------------
 def test_near_duplicates_of_a_picked_chunk_go_below_every_fresh_section():
     vec = [1.0, 0.0]
@@ -79,6 +116,23 @@ def test_a_same_section_chunk_that_says_something_else_keeps_its_place():
     assert mmr_order([], red, 3) == [] and mmr_order([0.5], np.zeros((1, 1)), 0) == []
 
 
+def test_only_near_copies_are_redundant_and_take_a_documents_slots_last():
+    """Cosine 0.72 (two different chunks of one section) is no redundancy; 0.95 is half; a copy is 1. The cap
+    then keeps the different chunk and leaves the copy out; without vectors every same-section chunk is a copy."""
+    from research_agent.search.diversity import cap_sections_first
+    from research_agent.search.retrieve import Candidate
+
+    a, b, copy = [1.0, 0.0], [0.72, (1 - 0.72 ** 2) ** 0.5], [0.95, (1 - 0.95 ** 2) ** 0.5]
+    red = redundancies([a, b, copy, a], ["s", "s", "s", "t"])
+    assert red[0, 1] == 0 and red[0, 2] == pytest.approx(0.5, abs=1e-3) and red[0, 3] == 0
+    assert mmr_order([0.9, 0.3, 0.7, 0.01], red, 4) == [0, 1, 2, 3]  # only the 0.95 copy pays: 0.35 - 0.25 < 0.15
+    assert mmr_order([0.3, 0.25, 0.2, 0.01], red, 3) == [0, 1, 3]  # the copy (0.2 - 0.5) goes below 0.01
+    cands = [Candidate(f"c{i}", "", {"collection": "k", "source_document": "d", "header_path": sec})
+             for i, sec in enumerate(["s", "s", "s", "t"])]
+    assert [x.id for x in cap_sections_first(cands, 2, [a, copy, b, a])] == ["c0", "c2"]
+    assert [x.id for x in cap_sections_first(cands, 2)] == ["c0", "c3"]
+
+
 # -- a real store with the packaged model --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
@@ -90,6 +144,9 @@ def store(tmp_path_factory):
         path.write_text(manual())
         collections.create_collection(c, "ops")
         ingest_path(c, str(path), "ops")
+        (root / "guide.md").write_text(guide())
+        collections.create_collection(c, "guide")
+        ingest_path(c, str(root / "guide.md"), "guide")
         yield c
         c.close()
 
@@ -128,6 +185,26 @@ def test_diverse_spreads_one_sections_near_duplicates_over_sections(store, cap):
     by_id = {h.metadata["chunk_id"]: h.relevance_score for h in plain.results}
     for hit in spread.results:  # each hit keeps its own score
         assert by_id.get(hit.metadata["chunk_id"], hit.relevance_score) == hit.relevance_score
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap", [None, 0])
+def test_diverse_keeps_a_relevant_same_section_chunk_that_is_not_a_copy(store, cap):
+    """Only near-copies move down: the section's second, different chunk (0.585, "Relevant") stays second, above
+    the other sections' hits (< 0.03); its near-copy (0.545) goes below them, and the rest descends."""
+    query = "how are scores calibrated into probabilities"
+    plain = query_knowledge(store, query, collections=["guide"], top_k=4, rerank=False, per_document_cap=0)
+    first, other, copy = (h.metadata["chunk_id"] for h in plain.results[:3])
+    assert {h.header_path for h in plain.results[:3]} == {"Scoring guide > Calibrated scores"}
+    spread = query_knowledge(store, query, collections=["guide"], top_k=4, rerank=False, per_document_cap=cap,
+                             diverse=True)
+    ids = [h.metadata["chunk_id"] for h in spread.results]
+    assert ids[:2] == [first, other], _sections(spread)
+    assert copy not in ids  # below the other sections' hits (with cap 3 the document has 3 slots: no room)
+    if cap == 0:
+        assert "Scoring guide > Release notes" in _sections(spread)
+    scores = [h.relevance_score for h in spread.results]
+    assert scores == sorted(scores, reverse=True)
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ def query(
     explain: bool = typer.Option(False, "--explain",
                                  help="Show each hit's ranks, scores and the query words it matched."),
     diverse: bool = typer.Option(False, "--diverse",
-                                 help="Spread hits over sections: fewer near-duplicate chunks (MMR)."),
+                                 help="Move near-copies of a chunk of the same section below the other hits (MMR)."),
 ) -> None:
     """Search the knowledge base.
 

@@ -1,36 +1,32 @@
-"""Diversity: maximal marginal relevance (MMR) within sections, so the top k are not k chunks of one section.
+"""Diversity: near-copies of a chunk of the same section go down the list; every other hit keeps its place.
 
 Opt-in (`query --diverse`, MCP `diverse: true`): it runs after fusion, the per-document cap (which then gives a
-document's slots to distinct sections first: `cap_sections_first`) and reranking, on the pool those left (the
-reranked pool, or DIVERSITY_POOL_FACTOR x top_k hits without a reranker), and picks top_k of them greedily:
-each pick maximises
+document's slots to chunks that are not near-copies first: `cap_sections_first`) and reranking, on the pool
+those left (the reranked pool, or DIVERSITY_POOL_FACTOR x top_k hits without a reranker), and picks top_k of
+them greedily by maximal marginal relevance (MMR): each pick maximises
 
     MMR_LAMBDA * relevance - (1 - MMR_LAMBDA) * (highest redundancy with a hit already picked)
 
-where relevance is the hit's calibrated relevance probability (0-1) and the redundancy of two chunks is the
-cosine of their stored vectors when they are chunks of the same section (collection, document, header_path),
-else 0. A hit keeps its own score and label; with diversity on, the list is in MMR order, so scores need not
-descend.
+where relevance is the hit's calibrated relevance probability (0-1) and the redundancy of two chunks of the same
+section (collection, document, header_path) is (cosine - NEAR_COPY_COSINE) / (1 - NEAR_COPY_COSINE) clipped to
+0-1, else 0. So hits that are not near-copies (cosine < 0.9) of a picked hit come in descending relevance, as
+without diversity; a near-copy goes below every hit scoring more than its relevance less its redundancy (an exact
+copy below all). A hit keeps its own score and label.
 
-Why within sections, not plain MMR over every pair: relevant passages resemble each other, so a cosine penalty
-on every pair pushed relevant hits down. benchmarks/diversity.py (no reranker, pool 3 x top_k, lambda 0.5; +-
-is 1.96 standard errors of the per-query difference; cap = the per-document cap, 3 by default; dup@5 = hits in
-the top 5 repeating an earlier hit's section, per query):
+Why a threshold: the first version (issue 17) used the raw cosine as redundancy. Calibrated scores are mostly
+under 0.3 while two different chunks of one section have cosine 0.40-0.66 (p10-p90, our docs), so a relevant
+different chunk (0.585 "Relevant", cosine 0.72 to the section's first pick) fell below hits at 0.02: 4 of 10
+queries on our docs lost hits scoring 0.23-0.585 from the top 10. With the threshold, docs-QA (40 questions,
+benchmarks/diversity.py) ranks exactly as without diversity (nDCG@10 0.793 with cap 3, 0.813 with cap 0): its
+docs hold no same-section pair at cosine >= 0.9. Why within sections: plain MMR over every pair cost docs-QA
+nDCG@10 -0.092 +- 0.044 (relevant passages resemble each other).
 
-    nDCG@10, off -> on            plain cosine MMR                this (within sections)           dup@5 off -> this
-    docs-QA (40 q, cap 3)         0.793 -> 0.701 (-0.092+-0.044)  0.793 -> 0.808 (+0.015+-0.022)   0.88 -> 0
-    docs-QA (cap 0)               0.813 -> 0.752 (-0.061+-0.036)  0.813 -> 0.823 (+0.010+-0.010)   1.20 -> 0
-    SciFact test (cap 1, eval)    0.723 -> 0.653 (-0.070+-0.018)  0.723 -> 0.723 (identical)       0 -> 0
-    SciFact test (cap 3)          -                               0.719 -> 0.723 (+0.004+-0.003)   1.13 -> 0
-    NFCorpus test (cap 3)         -                               0.336 -> 0.367 (+0.032+-0.007)   1.00 -> 0
+Cost (cap and MMR, vectors read included; docs-QA medians on a loaded 2-core machine): 7-21 ms per query at
+top_k 10 with cap 3, 1.3 ms with cap 0; it grows with top_k (a 3 x k pool): 11-54 ms at top_k 100, 41 ms over
+three collections in an outside run. No vectors are read when no two candidates share a section.
 
-(A BEIR document is one section, so with cap 1 there is nothing to spread.) Cross-section near-duplicates
-(cosine over 0.8, rescaled) were tried too and cost NFCorpus -0.008 +- 0.004 with cap 1: left alone. Cost: the
-pass, reading the pool's ~30 vectors included, 2.5-4.5 ms per query (medians; 45-90 ms unreranked queries on a
-busy 2-core machine); none when no two pool chunks share a section (no vectors are read then).
-
-Vectors: the pool's chunk vectors are read by id from Chroma (one `get` per collection searched) rather than
-carried by the dense query, because keyword-only candidates have none there.
+Vectors: the chunk vectors are read by id from Chroma (one `get` per collection searched) rather than carried by
+the dense query, because keyword-only candidates have none there.
 """
 
 from __future__ import annotations
@@ -44,13 +40,17 @@ from research_agent.storage.chunks import records
 if TYPE_CHECKING:
     from research_agent.container import Container
 
-#: Weight of relevance against redundancy. Why 0.5: relevance and redundancy both lie in 0-1, so at 0.5 a
-#: near-duplicate (cosine ~1) of a picked chunk gains 0.5 * relevance - 0.5 <= 0 and ranks below every fresh
-#: section's hit, while a same-section chunk that says something else (cosine 0.3) costs only 0.15. Measured
-#: (benchmarks/diversity.py): on docs-QA without a cap, 0.85 left same-section duplicates in the top 5 of 9 of 40
-#: questions, 0.7 of 3, 0.5 of none, at the same nDCG@10; NFCorpus (cap 3) gained +0.019, +0.028, +0.032.
-#: A candidate setting.
+#: Weight of relevance against redundancy. Why 0.5: relevance and redundancy both lie in 0-1, so at 0.5 an
+#: exact copy (redundancy 1) of a picked chunk gains 0.5 * relevance - 0.5 <= 0 and ranks below every other
+#: hit, while a chunk under NEAR_COPY_COSINE costs nothing. A candidate setting.
 MMR_LAMBDA = 0.5
+#: Two chunks of one section are near-copies from this cosine of their stored vectors up; only near-copies are
+#: redundant (`redundancies`). Why 0.9: on research-agent's docs (all-MiniLM-L6-v2, 3,548 pairs of chunks of one
+#: section) the cosine of two different chunks has median 0.53, p99 0.78 and max 0.887 (two tables with the same
+#: header), while repeated paragraphs that differ in a sentence reach 0.99-0.997. Below it, a same-section chunk
+#: counts as fresh: a threshold under the max pushed down relevant different chunks, which is what MMR on the raw
+#: cosine did (a 0.585 "Relevant" chunk at cosine 0.72 fell below hits at 0.02). A candidate setting.
+NEAR_COPY_COSINE = 0.9
 #: Without a reranker the pool MMR chooses from is this many times top_k (fused order, capped per document):
 #: 3x gives room to skip a run of one section's chunks without reaching far down the list.
 DIVERSITY_POOL_FACTOR = 3
@@ -78,14 +78,16 @@ def mmr_order(relevance: Sequence[float], redundancy: Any, k: int, lam: float = 
 
 
 def redundancies(vectors: Sequence[Any], sections: Sequence[Any]) -> Any:
-    """The n x n redundancy matrix: the cosine of two chunks' vectors when their `sections` are equal, else 0.
-    A None vector (a chunk the store no longer has) counts as a near-duplicate of its section's other chunks."""
+    """The n x n redundancy matrix (0-1): for two chunks of one section, how far their cosine is above
+    NEAR_COPY_COSINE, rescaled so that the threshold gives 0 and a copy 1 ((cos - 0.9) / 0.1); else 0. So a chunk
+    that says something else (cosine under 0.9) is not redundant at all and keeps its place by relevance. A None
+    vector (a chunk the store no longer has) counts as a copy of its section's other chunks."""
     import numpy as np
 
     same = np.array([[a == b for b in sections] for a in sections], dtype="float64")
     missing = np.array([v is None for v in vectors])
     sims = np.where(missing[:, None] | missing[None, :], 1.0, _cosines(vectors, len(vectors)))
-    return same * sims
+    return same * ((sims - NEAR_COPY_COSINE) / (1.0 - NEAR_COPY_COSINE)).clip(0.0, 1.0)
 
 
 def _cosines(vectors: Any, n: int) -> Any:
@@ -122,27 +124,54 @@ def section_of(cand: Candidate) -> tuple[str, str, str]:
     return str(meta.get("collection", "")), str(meta.get("source_document", "")), str(meta.get("header_path", ""))
 
 
-def cap_sections_first(cands: list[Candidate], cap: int) -> list[Candidate]:
+def cap_sections_first(cands: list[Candidate], cap: int, vectors: Sequence[Any] | None = None) -> list[Candidate]:
     """At most `cap` chunks of one document (0: no cap), as retrieve.cap_per_document, but a document's slots go
-    to its best chunk of each section before a second chunk of any section; the fused order is kept.
+    first to chunks that are not near-copies of a chunk already kept, then to near-copies; the fused order is
+    kept. `vectors` (aligned with `cands`): a chunk is a near-copy when its cosine with a kept chunk of its
+    section reaches NEAR_COPY_COSINE; None (or a None vector) counts every same-section chunk as a copy.
 
     Why: the cap runs before MMR, and a plain cap gives a long document's three slots to its three best chunks,
-    which in a section of near-duplicates are that section's (MMR then has nothing else of the document).
+    which in a section of near-copies are copies (MMR then has nothing else of the document); a different chunk
+    of the same section is not a copy and keeps its slot (it may be the second-best answer).
     """
     if cap <= 0:
         return cands
+    copies = _copy_matrix(cands, vectors)
     per_doc: dict[tuple[str, str], int] = {}
-    seen: set[tuple[str, str, str]] = set()
-    kept: set[int] = set()
+    kept: list[int] = []
     for fresh_only in (True, False):
         for i, cand in enumerate(cands):
-            section = section_of(cand)
-            if i in kept or per_doc.get(section[:2], 0) >= cap or (fresh_only and section in seen):
+            doc = section_of(cand)[:2]
+            if i in kept or per_doc.get(doc, 0) >= cap or (fresh_only and any(copies[i][j] for j in kept)):
                 continue
-            kept.add(i)
-            seen.add(section)
-            per_doc[section[:2]] = per_doc.get(section[:2], 0) + 1
-    return [cand for i, cand in enumerate(cands) if i in kept]
+            kept.append(i)
+            per_doc[doc] = per_doc.get(doc, 0) + 1
+    return [cands[i] for i in sorted(kept)]
+
+
+def _copy_matrix(cands: list[Candidate], vectors: Sequence[Any] | None) -> Any:
+    """n x n booleans: chunk i is a near-copy of chunk j (same section, redundancy > 0 as `redundancies` rates
+    it; every same-section pair without vectors)."""
+    sections = [section_of(x) for x in cands]
+    if vectors is None:
+        vectors = [None] * len(cands)
+    return redundancies(vectors, sections) > 0
+
+
+def cap_for_diversity(c: Container, cands: list[Candidate], cap: int) -> list[Candidate]:
+    """cap_sections_first with the stored vectors of the chunks whose section occurs more than once among
+    `cands` (no vectors are read for the others, nor at all without a cap)."""
+    if cap <= 0:
+        return cands
+    sections = [section_of(x) for x in cands]
+    counts: dict[tuple[str, str, str], int] = {}
+    for sec in sections:
+        counts[sec] = counts.get(sec, 0) + 1
+    shared = [i for i, sec in enumerate(sections) if counts[sec] > 1]
+    vectors: list[Any] = [None] * len(cands)
+    for i, vec in zip(shared, chunk_vectors(c, [cands[i] for i in shared]) if shared else []):
+        vectors[i] = vec
+    return cap_sections_first(cands, cap, vectors)
 
 
 def diversify(c: Container, pool: list[Candidate], scores: list[float], k: int,

@@ -259,8 +259,9 @@ def query_knowledge(c: Container, query: str, *, collections: list[str] | None =
     this many (estimated) tokens; the first hit is always returned. snippets: return the ~60-token window
     of each chunk that best matches the query instead of the whole chunk. per_document_cap: override
     settings.per_document_cap (0 = no cap). explain: give each hit an `explain` object (`explain_hit`).
-    diverse: pick the top_k by maximal marginal relevance (search/diversity.py), so near-duplicate chunks of
-    one section do not fill the list; off, the ranking is untouched.
+    diverse: pick the top_k by maximal marginal relevance (search/diversity.py), so near-copies of a chunk of
+    the same section (cosine >= 0.9) go down the list; every other hit keeps its relevance order; off, the
+    ranking is untouched.
     """
     s = c.settings
     t0 = time.perf_counter()
@@ -277,7 +278,9 @@ def query_knowledge(c: Container, query: str, *, collections: list[str] | None =
     n = max(s.retrieval_candidates, n_rerank, top_k * max(cap, 1))
     fused = retrieve_candidates(c, query, names, mode=mode, n=n, document_context=document_context,
                                 timings=timings, filters=flt)
-    capped = diversity.cap_sections_first(fused, cap) if diverse else cap_per_document(fused, cap)
+    t_cap = time.perf_counter()
+    capped = diversity.cap_for_diversity(c, fused, cap) if diverse else cap_per_document(fused, cap)
+    cap_ms = (time.perf_counter() - t_cap) * 1000
     warnings: list[str] = []
     use_rerank = bool(rerank and s.rerank)
     size = n_rerank if use_rerank else top_k * (diversity.DIVERSITY_POOL_FACTOR if diverse else 1)
@@ -289,7 +292,7 @@ def query_knowledge(c: Container, query: str, *, collections: list[str] | None =
     if diverse:
         t = time.perf_counter()
         pool, scores = diversity.diversify(c, pool, scores, top_k)
-        timings["diversity"] = (time.perf_counter() - t) * 1000
+        timings["diversity"] = cap_ms + (time.perf_counter() - t) * 1000  # the near-copy-aware cap and MMR
     hits, used_tokens, truncated = _hits(c, query, pool[:top_k], scores, snippets=snippets, max_tokens=max_tokens)
     if explain:
         _explain(c, query, hits, pool, mode, fused)
