@@ -16,6 +16,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -72,16 +73,41 @@ class Handler(BaseHTTPRequestHandler):
             self._send(410, b"gone", "text/plain")
         elif self.path == "/gone.md":
             self._send(200, b"# Retired page\n\nThe retired widget API is described here.\n", "text/markdown")
+        elif self._moving_routes():
+            pass
         elif self.path == "/binary":
             self._send(200, b"\x00\x01\x02", "application/octet-stream")
         else:
             return False
         return True
 
+    def _moving_routes(self) -> bool:
+        """Pages whose URLs change meaning once Pages.gone is set: a redirect source that becomes its own page
+        (/s3), a redirect source that becomes 404 (/old), and `/static` and `/static/`, two pages of a static
+        host, the second of which goes away."""
+        md = "text/markdown"
+        routes = {
+            "/s3": (200, b"# S3 page\n\nThe s3 page now has its own text.\n") if Pages.gone else (301, "/t3"),
+            "/t3": (200, b"# T3 page\n\nThe t3 page is where s3 used to redirect.\n"),
+            "/old": (404, b"not found") if Pages.gone else (301, "/new"),
+            "/new": (200, b"# New page\n\nThe new page is live.\n"),
+            "/static": (200, b"# Static file\n\nThe file without a slash.\n"),
+            "/static/": (404, b"not found") if Pages.gone else (200, b"# Static index\n\nThe index with a slash.\n"),
+        }
+        if self.path not in routes:
+            return False
+        code, what = routes[self.path]
+        if code == 301:
+            self._send(301, b"", "text/plain", {"Location": what})
+        else:
+            self._send(code, what, md)
+        return True
+
     def do_GET(self):  # noqa: N802 - the stdlib's name
         Pages.hits += 1
         port = self.server.server_address[1]
-        self.path = re.sub("/{2,}", "/", self.path)  # as nginx's merge_slashes (on by default) reads a path
+        # as nginx reads a path: escapes decoded, merge_slashes (on by default)
+        self.path = re.sub("/{2,}", "/", unquote(self.path))
         if self.path == "/page.html":
             self._send(200, Pages.article.encode(), "text/html; charset=utf-8")
         elif self.path == "/notes.md":
@@ -375,33 +401,37 @@ async def test_mcp_refuses_other_schemes_and_a_url_with_records(fake_embedder, n
 
 
 def test_one_page_under_several_urls_is_one_document(kb, site):
-    """The key is the final URL after redirects, normalised: fragment, doubled slashes, dot segments and a
-    trailing slash dropped. A redirect to a stored page, `//page.html`, `#frag` and `./` re-add it, never copy it."""
+    """The key is the final URL after redirects under RFC 3986 normalisation: fragment and dot segments
+    dropped, `%70` read as `p`. A redirect to a stored page, `#frag`, `./` and `%70` re-add it, never copy it;
+    `//page.html` (kept: a different path to a server that does not merge slashes) is a second document."""
     first = web.add_urls(kb, "web", [f"{site}/page.html"]).results[0]
-    again = web.add_urls(kb, "web", [f"{site}//page.html", f"{site}/page.html#rolling-back", f"{site}/./page.html",
-                                     f"{site}/redirect", f"{site}/moved"]).results
+    again = web.add_urls(kb, "web", [f"{site}/%70age.html", f"{site}/page.html#rolling-back", f"{site}/./page.html",
+                                     f"{site}/redirect", f"{site}/x/../page.html"]).results
     assert [r.status for r in again] == ["unchanged"] * 5, [(r.status, r.reason) for r in again]
     assert {r.document for r in again} == {first.document} == {f"url:{site}/page.html"}
-    assert again[-1].final_url == f"{site}//page.html#top"  # what was fetched is kept as provenance
+    moved = web.add_urls(kb, "web", [f"{site}/moved"]).results[0]
+    assert (moved.document, moved.final_url) == (f"url:{site}//page.html", f"{site}//page.html#top")
     docs = web.add_urls(kb, "web", [f"{site}/docs/"]).results[0]
-    assert docs.status == "added" and docs.document == f"url:{site}/docs"
+    assert docs.status == "added" and docs.document == f"url:{site}/docs/"
     assert web.add_urls(kb, "web", [f"{site}/docs"]).results[0].document == docs.document
     from research_agent.ingest import list_documents
 
-    assert sorted(d.document for d in list_documents(kb, "web").documents) == [docs.document, first.document]
+    assert sorted(d.document for d in list_documents(kb, "web").documents) == [f"url:{site}//page.html",
+                                                                              docs.document, first.document]
 
 
 def test_a_page_stored_under_an_older_key_is_replaced_not_doubled(kb, site):
-    """A store written before the canonical key holds `url:http://host//page.html`; adding it again moves the
-    page to its canonical key and removes the old document."""
+    """A store written by d107746 holds /docs/ as `url:http://host/docs` (it dropped the trailing slash);
+    adding the page again moves it to its canonical key and removes (and names) the legacy document."""
     from research_agent.ingest import list_documents
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(web, "normalise", lambda url: url.split("#")[0])  # the old key kept `//` and trailing `/`
-        old = web.add_urls(kb, "web", [f"{site}//page.html"]).results[0]
-    assert old.document == f"url:{site}//page.html"
-    moved = web.add_urls(kb, "web", [f"{site}//page.html"]).results[0]
-    assert moved.status == "updated" and moved.document == f"url:{site}/page.html"
+        patch.setattr(web, "normalise", lambda url: url.split("#")[0].rstrip("/"))
+        old = web.add_urls(kb, "web", [f"{site}/docs/"]).results[0]
+    assert old.document == f"url:{site}/docs"
+    moved = web.add_urls(kb, "web", [f"{site}/docs/"]).results[0]
+    assert (moved.status, moved.document, moved.removed_documents) == ("updated", f"url:{site}/docs/",
+                                                                       [old.document])
     assert [d.document for d in list_documents(kb, "web").documents] == [moved.document]
 
 
@@ -409,8 +439,8 @@ def test_url_documents_are_removed_by_any_spelling_of_their_url(kb, site):
     from research_agent.ingest import get_document, list_documents, remove_document
 
     stored = web.add_urls(kb, "web", [f"{site}/page.html", f"{site}/notes.md"]).results
-    assert get_document(kb, "web", f"{site}//page.html#x").document == stored[0].document
-    deleted = remove_document(kb, "web", f"{site}/page.html/")
+    assert get_document(kb, "web", f"{site}/./page.html#x").document == stored[0].document
+    deleted = remove_document(kb, "web", f"{site}/%70age.html")
     assert deleted.deleted == stored[0].document and deleted.chunks_removed >= 1
     removed = remove_document(kb, "web", stored[1].document)  # its key works as before
     assert removed.deleted == stored[1].document
@@ -418,7 +448,7 @@ def test_url_documents_are_removed_by_any_spelling_of_their_url(kb, site):
     for bad in ("https://127.0.0.1:99999999/x", "url:http://", "https://" + "x" * 5000):
         with pytest.raises(DocumentError, match="not found"):
             remove_document(kb, "web", bad)
-    assert web.normalise("HTTPS://H:443//a/./b/../c/?q=1#x") == "https://h/a/c?q=1"
+    assert web.normalise("HTTPS://H:443/a/./b/../c?q=1#x") == "https://h/a/c?q=1"
 
 
 def test_a_page_that_is_gone_is_removed_when_added_again(kb, site):
@@ -448,3 +478,81 @@ def test_the_cli_report_names_a_removed_page(kb, site):
     url_report(Console(file=out, width=200), web.add_urls(kb, "web", [f"{site}/gone.md"]))
     assert f"removed url:{site}/gone.md: {site}/gone.md answered HTTP 410" in out.getvalue()
     assert "0 added, 0 updated, 0 unchanged, 1 removed, 0 failed in web." in out.getvalue()
+
+
+def _keys(kb) -> list[str]:
+    from research_agent.ingest import list_documents
+
+    return sorted(d.document for d in list_documents(kb, "web").documents)
+
+
+def test_re_adding_a_former_redirect_source_keeps_the_page_it_redirected_to(kb, site):
+    """/s3 -> 301 -> /t3 is stored as url:/t3; once /s3 is a page of its own it is a second document, and
+    /t3 (still live) stays: a page is matched by its own key, never by the URL it was once requested with
+    (outside tester: url:/t3 was deleted as an "older key" of /s3)."""
+    first = web.add_urls(kb, "web", [f"{site}/s3"]).results[0]
+    assert first.document == f"url:{site}/t3"
+    Pages.gone = True
+    again = web.add_urls(kb, "web", [f"{site}/s3"]).results[0]
+    assert (again.status, again.document, again.removed_documents) == ("added", f"url:{site}/s3", [])
+    assert _keys(kb) == [f"url:{site}/s3", f"url:{site}/t3"]
+
+
+def test_a_404_on_a_former_redirect_source_removes_nothing_else(kb, site):
+    """/old redirected to /new (stored url:/new); /old now answers 404: nothing was stored under url:/old, so
+    nothing is removed and the live url:/new stays."""
+    assert web.add_urls(kb, "web", [f"{site}/old"]).results[0].document == f"url:{site}/new"
+    Pages.gone = True
+    report = web.add_urls(kb, "web", [f"{site}/old"])
+    assert (report.results[0].status, report.removed) == ("failed", 0)
+    assert _keys(kb) == [f"url:{site}/new"]
+
+
+def test_remove_document_by_a_former_redirect_source_does_not_remove_its_target(kb, site):
+    from research_agent.ingest import remove_document
+
+    web.add_urls(kb, "web", [f"{site}/s3"])  # stored as url:/t3, requested as /s3
+    with pytest.raises(DocumentError, match="not found"):
+        remove_document(kb, "web", f"{site}/s3")
+    assert _keys(kb) == [f"url:{site}/t3"]
+
+
+def test_a_path_with_and_without_its_trailing_slash_are_two_documents(kb, site):
+    """A static host serves /static and /static/ as two pages: adding one never overwrites the other, and a
+    404 on /static/ removes only url:/static/ (outside tester: both shared one key)."""
+    added = web.add_urls(kb, "web", [f"{site}/static", f"{site}/static/"]).results
+    assert [(r.status, r.document) for r in added] == [("added", f"url:{site}/static"),
+                                                       ("added", f"url:{site}/static/")]
+    Pages.gone = True
+    gone = web.add_urls(kb, "web", [f"{site}/static/"]).results[0]
+    assert (gone.status, gone.document, gone.removed_documents) == ("removed", f"url:{site}/static/",
+                                                                    [f"url:{site}/static/"])
+    assert _keys(kb) == [f"url:{site}/static"]
+
+
+@pytest.mark.parametrize(("url", "key"), [
+    ("HTTPS://Host.Example:443/a/./b/../c/?q=1#x", "https://host.example/a/c/?q=1"),
+    ("http://h:80", "http://h/"),
+    ("http://h:8080/%7euser/%6Fk%2fx%3a", "http://h:8080/~user/ok%2Fx%3A"),
+    ("http://h/page/", "http://h/page/"),
+    ("http://h//page", "http://h//page"),
+    ("http://h/a/%2e%2E/b?x=%6F&y=2", "http://h/b?x=o&y=2"),
+])
+def test_the_canonical_key_is_rfc_3986_normalisation_only(url, key):
+    assert web.normalise(url) == key
+
+
+def test_the_cli_report_names_every_removed_document():
+    """A legacy-key copy dropped while a page is written is named in people's output, not only in --json."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from research_agent.cli.web import url_report
+
+    item = SimpleNamespace(status="updated", url="https://h/docs/", document="url:https://h/docs/", chunks_written=2,
+                           reason=None, removed_documents=["url:https://h/docs"])
+    report = SimpleNamespace(results=[item], added=0, updated=1, unchanged=0, removed=0, failed=0, collection="web")
+    console = Console(record=True, width=200)
+    url_report(console, report)
+    assert "removed url:https://h/docs (older key of url:https://h/docs/)" in console.export_text()

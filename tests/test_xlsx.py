@@ -159,3 +159,43 @@ def test_add_folder_round_trip_of_a_workbook(container):
     top = hits[0]
     assert top.metadata["source_document"] == "sheets/rivers.xlsx" and "| Orinoco | Venezuela | 2140 |" in top.content
     assert top.metadata["header_path"] == "Rivers > Rows 4-7"
+
+
+def _renamed_part_workbook(media: bytes = b"") -> tuple[bytes, int, int]:
+    """A workbook whose worksheet part is `xl/worksheets/sheet1.bin` (openpyxl finds parts through the .rels
+    and [Content_Types].xml whatever their names), plus an optional picture under xl/media; (bytes, size of
+    the renamed part, size of the other parts)."""
+    raw = _workbook(lambda ws: [ws.append([f"word{i}", f"other{i}"]) for i in range(2000)])
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(raw)) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        sizes = {e.filename: e.file_size for e in src.infolist()}
+        for name in src.namelist():
+            data = src.read(name).replace(b"sheet1.xml", b"sheet1.bin")
+            dst.writestr(name.replace("sheet1.xml", "sheet1.bin"), data)
+        if media:
+            dst.writestr("xl/media/image1.png", media)
+    part = sizes["xl/worksheets/sheet1.xml"]
+    return out.getvalue(), part, sum(sizes.values()) - part
+
+
+def test_a_renamed_xml_part_counts_against_the_xml_limit(monkeypatch):
+    """The XML cap counted only names ending .xml/.rels: 230 MB of shared strings stored as xl/strings.bin
+    took 129 s and 1.39 GB before a skip (outside tester). Every entry that may be XML counts now."""
+    raw, strings, rest = _renamed_part_workbook()
+    assert "word1999" in parsing.parse_bytes(raw, Path("renamed.xlsx")).text  # openpyxl does read the part
+    monkeypatch.setattr(parsing, "MAX_XLSX_XML_BYTES", rest + strings // 2)
+    with pytest.raises(DocumentError, match="inflates to"):
+        parsing.parse_bytes(raw, Path("renamed.xlsx"))
+
+
+def test_pictures_do_not_count_against_the_xml_limit(monkeypatch):
+    picture = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 400  # 100 KB of a binary picture
+    raw, strings, rest = _renamed_part_workbook(media=picture)
+    monkeypatch.setattr(parsing, "MAX_XLSX_XML_BYTES", rest + strings + 1000)
+    assert "word1999" in parsing.parse_bytes(raw, Path("pictures.xlsx")).text
+
+
+def test_a_one_row_summary_sheet_is_kept_as_a_table():
+    """A sheet holding only `Total | 4242` was dropped as "no text content" (outside tester)."""
+    text = parsing.parse_bytes(_workbook(lambda ws: ws.append(["Total", 4242])), Path("sum.xlsx")).text
+    assert text == "# Sheet\n\n## Rows 1-1\n\n| Total | 4242 |\n|---|---|"

@@ -52,6 +52,9 @@ def url_report(console: Console, r: Any) -> None:
         else:
             console.print(f"{item.status} {escape(item.url)} -> {escape(item.document or '')} "
                           f"({render.plural(item.chunks_written, 'chunk')} written)")
+        for doc in item.removed_documents:  # every deletion is named, not only a 404's
+            if doc != item.document:
+                console.print(f"removed {escape(doc)} (older key of {escape(item.document or '')})")
     removed = f"{r.removed} removed, " if r.removed else ""
     console.print(f"{r.added} added, {r.updated} updated, {r.unchanged} unchanged, {removed}{r.failed} failed "
                   f"in {escape(r.collection)}.")

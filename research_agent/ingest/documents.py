@@ -64,7 +64,8 @@ def list_documents(c: Container, collection: str, *, limit: int | None = None,
 
 def find_document(c: Container, collection: str, document: str) -> dict[str, dict[str, Any]]:
     """The manifest of `document` (its key, a path that resolves to a recorded file, or a web page's URL
-    spelt any way that normalises to its key: `https://host//page#x` finds `url:https://host/page`)."""
+    spelt any way that normalises to its key: `https://host/./page#x` finds `url:https://host/page`, and a
+    legacy-keyed page fetched from that URL). Never the page a URL once redirected to (web.same_page)."""
     key = document_key(collection, document)
     found = c.store.registry_get([key])
     if not found and _is_url(document):  # a page by any spelling of its URL (web.normalise)

@@ -611,6 +611,7 @@ def _xlsx_sheet(sheet: Any, limits: _Limits, budget: _CellBudget) -> str:
     sheet.reset_dimensions()  # the stored dimension may claim any size; read the rows the sheet holds
     captions: list[tuple[int, list[str]]] = []
     header: list[str] | None = None
+    header_row = 0
     rows: list[tuple[int, list[str]]] = []
     blocks: list[str] = []
     for number, values in enumerate(sheet.iter_rows(values_only=True), start=1):
@@ -623,6 +624,7 @@ def _xlsx_sheet(sheet: Any, limits: _Limits, budget: _CellBudget) -> str:
             captions.append((number, cells))
             continue
         if header is None:  # a wider row is the header; a fourth one-cell row makes the captions a column
+            header_row = number if filled > 1 else captions[0][0]
             header, rows = (cells, []) if filled > 1 else (captions[0][1], [*captions[1:], (number, cells)])
             captions = captions if filled > 1 else []
         else:
@@ -633,6 +635,8 @@ def _xlsx_sheet(sheet: Any, limits: _Limits, budget: _CellBudget) -> str:
         header, rows, captions = captions[0][1], captions[1:], []
     if rows and header is not None:
         blocks.append(_rows_table(header, rows, limits))
+    elif header is not None and not blocks:  # one row of 2+ cells ("Total | 4242"): a one-row table, not nothing
+        blocks.append(f"## Rows {header_row}-{header_row}\n\n" + _markdown_table([header]))
     if not blocks and not captions:
         return ""
     prose = [_escape_prose(_collapse(" ".join(c for c in cells if c))) for _, cells in captions]
@@ -773,7 +777,7 @@ def _check_office_zip(path: Path, limits: _Limits, raw: bytes, kind: str, max_xm
             f"{path.name} holds {len(entries):,} zip entries, over the limit of {MAX_ZIP_ENTRIES:,}",
             guidance=f"This is not an ordinary {kind} file; open and re-save it.", path=str(path),
         )
-    xml = sum(e.file_size for e in entries if e.filename.lower().endswith((".xml", ".rels")))
+    xml = _xml_bytes(raw, entries)
     if xml > max_xml:
         raise DocumentError(
             f"{path.name} inflates to {xml / 2**20:.1f} MB of XML, over the {max_xml / 2**20:g} MB"
@@ -782,6 +786,40 @@ def _check_office_zip(path: Path, limits: _Limits, raw: bytes, kind: str, max_xm
             path=str(path),
         )
     limits.add_inflated(sum(e.file_size for e in entries))
+
+
+#: Bytes read from each zip entry to tell XML from a picture or other binary part (BOM, whitespace, `<`).
+_SNIFF_BYTES = 64
+#: Byte-order marks an XML parser reads as the start of UTF-8, UTF-16 or UTF-32 text.
+_XML_BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff", b"\xff\xfe\x00\x00")
+
+
+def _xml_bytes(raw: bytes, entries: list[zipfile.ZipInfo]) -> int:
+    """Inflated size of every entry that may be XML, whatever its name: openpyxl and python-docx find parts
+    through [Content_Types].xml and the .rels files, so 230 MB of shared strings stored as `xl/strings.bin`
+    passed a count of `.xml`/`.rels` names and took 129 s and 1.39 GB (outside tester). Only entries whose
+    first bytes cannot start an XML document (a PNG, JPEG, an OLE vbaProject.bin) are left out, so pictures
+    do not count. Reading 64 bytes of an entry inflates one small block, at most MAX_ZIP_ENTRIES times."""
+    total = 0
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+        for entry in entries:
+            if entry.file_size == 0:
+                continue
+            try:
+                with archive.open(entry) as handle:
+                    head = handle.read(_SNIFF_BYTES)
+            except (zipfile.BadZipFile, ValueError, EOFError, NotImplementedError, RuntimeError, OSError):
+                head = b"<"  # unreadable here: count it (the reader would fail on it later anyway)
+            total += entry.file_size if _may_be_xml(head) else 0
+    return total
+
+
+def _may_be_xml(head: bytes) -> bool:
+    """Whether an XML parser may read `head` as the start of a document: a BOM, UTF-16/32 `<`, EBCDIC `<?xm`
+    (libxml2 detects it), or `<` after whitespace."""
+    if head.startswith((*_XML_BOMS, b"\x4c\x6f\xa7\x94")) or b"\x00<" in head or b"<\x00" in head:
+        return True
+    return head.lstrip(b" \t\r\n").startswith(b"<")
 
 
 def _docx_blocks(document: Any, limits: _Limits) -> tuple[str | None, list[str]]:

@@ -7,14 +7,16 @@ so a knowledge base never reaches the network unless its owner says where), with
 content as Markdown by trafilatura (navigation, footers and comments dropped), falling back to our own HTML
 parser when trafilatura finds no main content; Markdown, plain text and PDF are parsed as files are.
 
-Each page is one document keyed `url:<canonical final URL>` (`normalise`: after redirects; fragment,
-repeated slashes, dot segments and trailing slash dropped), so `/page`, `//page`, `/page/#x` and a redirect to
-`/page` are one document, with kind `web`, source = the final URL and provenance
+Each page is one document keyed `url:<canonical final URL>` (`normalise`: the URL after redirects under
+RFC 3986 normalisation only; trailing slash, `//` and query kept), so `/page`, `/./page#x`, `/%70age` and a
+redirect to `/page` are one document while `/page/` is another, with kind `web`, source = the final URL and provenance
 `extra = {url, final_url, fetched_at, content_type}`. Adding a page again re-fetches it: an unchanged
 page (same extracted text) writes nothing ("unchanged"), a changed one replaces its chunks ("updated")
 through the same crash-safe write as files (ingest.service.write_documents), and a stored page that now
-answers 404 or 410 is removed ("removed"). A document of the same page under an older key (before keys were
-canonical) is removed once the page is written under its canonical key.
+answers 404 or 410 is removed ("removed"). Only the document keyed by the fetched URL is replaced, and only
+the one keyed by the requested URL is removed on a 404: never a page the URL once redirected to. A document
+fetched from the same final URL under a legacy key (before keys were canonical) is removed once the page is
+written under its canonical key; every removal is named in `removed_documents`.
 
 Address checks: only http and https; no credentials in the URL (they would be stored as the source and
 shown in every hit); a host written as a name that resolves to a loopback, private or link-local address
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import posixpath
 import re
 import socket
 from dataclasses import dataclass
@@ -69,6 +70,8 @@ class UrlResult(BaseModel):
     final_url: str | None = None
     fetched_at: str | None = None
     reason: str | None = None
+    #: Every document this URL's call deleted: the gone page, or older keys of the page just written.
+    removed_documents: list[str] = []
 
 
 class UrlReport(BaseModel):
@@ -91,11 +94,19 @@ class Page:
     charset: str | None = None  # from the Content-Type header
 
 
+#: RFC 3986 §2.3 unreserved characters: percent-encoding one of these does not change the URL (`%6F` is `o`).
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
 def normalise(url: str) -> str:
-    """A page's canonical URL, the document key's part (issue 17: one page under several URLs was several
-    documents): scheme and host lowercased; the default port, the fragment, repeated slashes, dot segments and a
-    trailing slash dropped (`HTTPS://Host:443//a/./b/#x` -> `https://host/a/b`); the query kept as given, since
-    it can select another page. Servers serve `/a/` and `/a` as one page (or redirect one to the other)."""
+    """A page's canonical URL, the document key's part: RFC 3986 §6.2.2-6.2.3 normalisation only — scheme and
+    host lowercased, the default port dropped, an empty path as `/`, percent-encoding of unreserved characters
+    decoded and other escapes upper-cased, dot segments resolved, the fragment dropped
+    (`HTTPS://Host:443/a/./%62/../c/#x` -> `https://host/a/c/`). The trailing slash, a `//` and the query are
+    KEPT: `/page` and `/page/` (or `//page`) are different resources to a static host, and sharing one key
+    let adding one overwrite the other and a 404 on one delete the other (outside tester). A server that
+    serves one page under two such paths without redirecting gives two documents; a duplicate is repairable,
+    a deleted live page is not."""
     parts = urlsplit(url.strip())
     host = (parts.hostname or "").lower()
     try:
@@ -104,8 +115,34 @@ def normalise(url: str) -> str:
         port = None
     default = {"http": 80, "https": 443}.get(parts.scheme.lower())
     netloc = host if port in (None, default) else f"{host}:{port}"
-    path = posixpath.normpath(re.sub(r"/{2,}", "/", parts.path or "/"))  # normpath keeps a leading `//`
-    return urlunsplit((parts.scheme.lower(), netloc, path if path.startswith("/") else "/" + path, parts.query, ""))
+    path = _remove_dot_segments(_percent(parts.path)) or "/"
+    return urlunsplit((parts.scheme.lower(), netloc, path, _percent(parts.query), ""))
+
+
+def _percent(text: str) -> str:
+    """`%XX` of an unreserved character decoded, every other escape's hex upper-cased (RFC 3986 §6.2.2.1-2)."""
+    def one(m: re.Match[str]) -> str:
+        char = chr(int(m.group(1), 16))
+        return char if char in _UNRESERVED else m.group(0).upper()
+
+    return re.sub(r"%([0-9A-Fa-f]{2})", one, text)
+
+
+def _remove_dot_segments(path: str) -> str:
+    """RFC 3986 §5.2.4 on segments: `.` dropped, `..` drops the segment before it; empty segments (`//`) and
+    a trailing slash kept (posixpath.normpath dropped both)."""
+    out: list[str] = []
+    segments = path.split("/")
+    for i, seg in enumerate(segments):
+        last = i == len(segments) - 1
+        if seg in (".", ".."):
+            if seg == ".." and len(out) > 1:
+                out.pop()
+            if last:
+                out.append("")  # `/a/b/..` is `/a/`
+        else:
+            out.append(seg)
+    return "/".join(out) if path.startswith("/") or not path else "/" + "/".join(out)
 
 
 def document_for(url: str) -> str:
@@ -113,18 +150,21 @@ def document_for(url: str) -> str:
 
 
 def same_page(manifest: dict[str, Any], document: str) -> bool:
-    """Whether a stored web document is the page keyed `document`: its own key, or one of its URLs (asked,
-    fetched) normalised to that key, for documents keyed before keys were canonical."""
+    """Whether a stored web document holds the page keyed `document`: its own key, or (a document keyed
+    before keys were canonical) the canonical key of the URL its text was FETCHED from. Never the URL it was
+    requested with: /s3 once redirected to /t3, so /t3's document recorded /s3, and matching on that deleted
+    the live /t3 when /s3 became a page of its own or answered 404 (outside tester)."""
     if manifest.get("kind") != "web":
         return False
+    if manifest.get("document") == document:
+        return True
     extra = manifest.get("extra") if isinstance(manifest.get("extra"), dict) else {}
-    urls = [manifest.get("source"), extra.get("url"), extra.get("final_url")]
-    return manifest.get("document") == document or any(
-        isinstance(u, str) and u and document_for(u) == document for u in urls)
+    fetched = extra.get("final_url") or manifest.get("source")
+    return isinstance(fetched, str) and bool(fetched) and document_for(fetched) == document
 
 
 def stored_pages(c: Container, collection: str, document: str) -> dict[str, dict[str, Any]]:
-    """The manifests of the page keyed `document` (its key and any older key of the same page)."""
+    """The manifests of the page keyed `document`: its key, and any legacy key of the same fetched URL."""
     return {k: m for k, m in c.store.registry_find("document", collection).items() if same_page(m, document)}
 
 
@@ -365,7 +405,8 @@ def _add_one(c: Container, collection: str, url: Any) -> UrlResult:
 
 def _remove_gone(c: Container, collection: str, url: str, shown: str, reason: str) -> UrlResult:
     """A stored page that now answers 404 or 410 is removed ("removed"); one never stored is a failure. Only
-    the URL asked for is matched (a redirect's target is not known without the page)."""
+    the document keyed by the URL asked for (or a legacy key of a page fetched from that URL) is removed, never
+    one the URL once redirected to: that page may well be live."""
     from research_agent.ingest.service import delete_documents
 
     document = document_for(url)
@@ -373,7 +414,8 @@ def _remove_gone(c: Container, collection: str, url: str, shown: str, reason: st
     if not stored:
         return UrlResult(url=shown, status="failed", reason=reason)
     delete_documents(c, collection, stored)
-    return UrlResult(url=shown, document=document, status="removed", reason=reason)
+    return UrlResult(url=shown, document=document, status="removed", reason=reason,
+                     removed_documents=sorted(m["document"] for m in stored.values()))
 
 
 def _redacted(url: str) -> str:
@@ -398,12 +440,11 @@ def _fetch_and_write(c: Container, collection: str, url: str) -> UrlResult:
     digest = content_hash(f"{title}\n{text}")
     key = document_key(collection, document)
     stored = stored_pages(c, collection, document)
-    old, stale = stored.get(key), {k: m for k, m in stored.items() if k != key}  # stale: older keys of the page
+    old, stale = stored.get(key), {k: m for k, m in stored.items() if k != key}  # stale: legacy keys of the page
     base = {"url": url, "document": document, "title": title, "final_url": page.final_url,
             "fetched_at": page.fetched_at}
     if old is not None and old.get("content_hash") == digest:
-        _drop_stale(c, collection, stale)
-        return UrlResult(**base, status="unchanged")
+        return UrlResult(**base, status="unchanged", removed_documents=_drop_stale(c, collection, stale))
     chunks = chunk_parsed(c, parse_text(text, format="markdown", name=title), document, title)
     if len(chunks) > s.max_chunks_per_file:
         raise DocumentError(f"{len(chunks)} chunks exceed the limit of {s.max_chunks_per_file} per document",
@@ -413,13 +454,17 @@ def _fetch_and_write(c: Container, collection: str, url: str) -> UrlResult:
                            chunks=chunks, extra={"url": url, "final_url": page.final_url,
                                                  "fetched_at": page.fetched_at, "content_type": page.content_type})
     written = write_documents(c, collection, [doc])
-    _drop_stale(c, collection, stale)  # after the new version is visible: a kill between leaves both, not none
-    return UrlResult(**base, status="updated" if stored else "added", chunks_written=written)
+    dropped = _drop_stale(c, collection, stale)  # after the new version is visible: a kill leaves both, not none
+    return UrlResult(**base, status="updated" if stored else "added", chunks_written=written,
+                     removed_documents=dropped)
 
 
-def _drop_stale(c: Container, collection: str, stale: dict[str, dict[str, Any]]) -> None:
+def _drop_stale(c: Container, collection: str, stale: dict[str, dict[str, Any]]) -> list[str]:
+    """Delete legacy keys of the page just written; their names, for the report."""
     from research_agent.ingest.service import delete_documents
 
+    names = sorted(m["document"] for m in stale.values())
     if stale:
-        log.info("removing %d older key(s) of one page: %s", len(stale), sorted(m["document"] for m in stale.values()))
+        log.info("removing %d older key(s) of one page: %s", len(stale), names)
         delete_documents(c, collection, stale)
+    return names
