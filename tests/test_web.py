@@ -93,6 +93,8 @@ class Handler(BaseHTTPRequestHandler):
             "/new": (200, b"# New page\n\nThe new page is live.\n"),
             "/static": (200, b"# Static file\n\nThe file without a slash.\n"),
             "/static/": (404, b"not found") if Pages.gone else (200, b"# Static index\n\nThe index with a slash.\n"),
+            "/lone": (404, b"not found") if Pages.gone else (200, b"# Lone file\n\nThe lone file without a slash.\n"),
+            "/lone/": (200, b"# Lone index\n\nThe lone index with a slash.\n"),
         }
         if self.path not in routes:
             return False
@@ -410,7 +412,7 @@ def test_one_page_under_several_urls_is_one_document(kb, site):
     assert [r.status for r in again] == ["unchanged"] * 5, [(r.status, r.reason) for r in again]
     assert {r.document for r in again} == {first.document} == {f"url:{site}/page.html"}
     moved = web.add_urls(kb, "web", [f"{site}/moved"]).results[0]
-    assert (moved.document, moved.final_url) == (f"url:{site}//page.html", f"{site}//page.html#top")
+    assert (moved.document, moved.final_url) == (f"url:{site}//page.html", f"{site}//page.html")  # as fetched
     docs = web.add_urls(kb, "web", [f"{site}/docs/"]).results[0]
     assert docs.status == "added" and docs.document == f"url:{site}/docs/"
     assert web.add_urls(kb, "web", [f"{site}/docs"]).results[0].document == docs.document
@@ -426,7 +428,7 @@ def test_a_page_stored_under_an_older_key_is_replaced_not_doubled(kb, site):
     from research_agent.ingest import list_documents
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(web, "normalise", lambda url: url.split("#")[0].rstrip("/"))
+        patch.setattr(web, "document_for", lambda url: "url:" + url.split("#")[0].rstrip("/"))  # d107746's key
         old = web.add_urls(kb, "web", [f"{site}/docs/"]).results[0]
     assert old.document == f"url:{site}/docs"
     moved = web.add_urls(kb, "web", [f"{site}/docs/"]).results[0]
@@ -537,9 +539,44 @@ def test_a_path_with_and_without_its_trailing_slash_are_two_documents(kb, site):
     ("http://h/page/", "http://h/page/"),
     ("http://h//page", "http://h//page"),
     ("http://h/a/%2e%2E/b?x=%6F&y=2", "http://h/b?x=o&y=2"),
+    ("http://h/caf\u00e9 x", "http://h/caf%C3%A9%20x"),  # as httpx sends it: one key for both spellings
+    ("http://h/caf%c3%a9%20x", "http://h/caf%C3%A9%20x"),
 ])
 def test_the_canonical_key_is_rfc_3986_normalisation_only(url, key):
     assert web.normalise(url) == key
+
+
+def test_a_dot_segment_url_fetches_the_page_it_is_keyed_under(kb, site):
+    """`/static/.` is `/static/` under RFC 3986, but httpx requested `/static`: the other page's text was stored
+    under `/static/`'s key, and a 404 there removed it (re-attack). The fetch now asks for the canonical URL."""
+    from research_agent.ingest import get_document
+
+    web.add_urls(kb, "web", [f"{site}/static", f"{site}/static/"])
+    again = web.add_urls(kb, "web", [f"{site}/static/."]).results[0]
+    assert (again.status, again.document) == ("unchanged", f"url:{site}/static/")
+    assert "index with a slash" in get_document(kb, "web", f"url:{site}/static/").content
+
+
+def test_a_legacy_key_never_stands_for_another_page(kb, site):
+    """d107746 stored /lone/ as `url:…/lone`; a 404 on /lone (a different page) deleted it (re-attack). A
+    stored page is identified by the URL its text was fetched from."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(web, "document_for", lambda url: "url:" + url.split("#")[0].rstrip("/"))  # d107746's key
+        legacy = web.add_urls(kb, "web", [f"{site}/lone/"]).results[0]
+    assert legacy.document == f"url:{site}/lone"
+    Pages.gone = True
+    gone = web.add_urls(kb, "web", [f"{site}/lone"]).results[0]
+    assert (gone.status, gone.removed_documents) == ("failed", [])
+    assert _keys(kb) == [f"url:{site}/lone"]
+    assert web.add_urls(kb, "web", [f"{site}/lone/"]).results[0].removed_documents == [f"url:{site}/lone"]
+    assert _keys(kb) == [f"url:{site}/lone/"]
+
+
+def test_a_url_document_is_found_with_the_prefix_in_any_case(kb, site):
+    from research_agent.ingest import get_document
+
+    web.add_urls(kb, "web", [f"{site}/static/"])
+    assert get_document(kb, "web", f"URL:{site}/static/").document == f"url:{site}/static/"
 
 
 def test_the_cli_report_names_every_removed_document():

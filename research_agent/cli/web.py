@@ -24,8 +24,8 @@ def add_url(ctx: typer.Context, urls: list[str] = URLS,
             ) -> None:
     """Fetch web pages and store their main text; adding a URL again refreshes it (unchanged pages write
     nothing; a page now answering 404/410 is removed). One page is one document however its URL is spelt
-    (the key is the final URL after redirects, without #fragment, doubled or trailing slashes). Failures are
-    listed with their reason; the exit status is 5 when every URL failed (or any, with --strict), as
+    (the key is the final URL after redirects, RFC 3986-normalised: #fragment dropped, a trailing slash
+    kept). Failures are listed with their reason; the exit status is 5 when every URL failed (or any, with --strict), as
     `kb add-folder` reports skipped files.
 
     Example: RESEARCH_AGENT_URL_ALLOWED_HOSTS=docs.python.org research-agent kb add-url

@@ -71,7 +71,7 @@ def find_document(c: Container, collection: str, document: str) -> dict[str, dic
     if not found and _is_url(document):  # a page by any spelling of its URL (web.normalise)
         from research_agent.ingest.web import document_for, stored_pages
 
-        found = stored_pages(c, collection, document_for(document.removeprefix("url:")))
+        found = stored_pages(c, collection, document_for(document[4:] if document[:4].lower() == "url:" else document))
     resolved = None if found or _is_url(document) else _as_path(document)
     if resolved is not None:
         found = {k: m for k, m in c.store.registry_find("document", collection).items()

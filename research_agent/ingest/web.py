@@ -125,7 +125,10 @@ def _percent(text: str) -> str:
         char = chr(int(m.group(1), 16))
         return char if char in _UNRESERVED else m.group(0).upper()
 
-    return re.sub(r"%([0-9A-Fa-f]{2})", one, text)
+    decoded = re.sub(r"%([0-9A-Fa-f]{2})", one, text)
+    # What is not printable ASCII (a space, `é`) is sent UTF-8 percent-encoded (httpx does): `/café` and
+    # `/caf%C3%A9` are one resource and one key (re-attack: two documents).
+    return re.sub(r"[^\x21-\x7e]", lambda m: "".join(f"%{b:02X}" for b in m[0].encode()), decoded)
 
 
 def _remove_dot_segments(path: str) -> str:
@@ -156,11 +159,11 @@ def same_page(manifest: dict[str, Any], document: str) -> bool:
     the live /t3 when /s3 became a page of its own or answered 404 (outside tester)."""
     if manifest.get("kind") != "web":
         return False
-    if manifest.get("document") == document:
-        return True
     extra = manifest.get("extra") if isinstance(manifest.get("extra"), dict) else {}
     fetched = extra.get("final_url") or manifest.get("source")
-    return isinstance(fetched, str) and bool(fetched) and document_for(fetched) == document
+    if isinstance(fetched, str) and fetched:  # a page is the URL its text came from, whatever its key says:
+        return document_for(fetched) == document  # d107746 kept /page/ as `url:…/page`; a 404 on /page took it
+    return manifest.get("document") == document
 
 
 def stored_pages(c: Container, collection: str, document: str) -> dict[str, dict[str, Any]]:
@@ -263,7 +266,7 @@ def fetch(url: str, *, allowed: list[str], max_bytes: int, timeout: float) -> Pa
 async def _fetch(url: str, allowed: list[str], max_bytes: int, timeout: float) -> Page:
     import httpx
 
-    current = url
+    current = normalise(url)  # fetch what the key names: httpx resolves `/page/.` to `/page` (RFC 3986: `/page/`)
     async with httpx.AsyncClient(follow_redirects=False, timeout=httpx.Timeout(timeout),
                                  headers={"User-Agent": _USER_AGENT, "Accept": ", ".join(_PARSERS)}) as client:
         for _ in range(MAX_REDIRECTS + 1):
@@ -271,7 +274,7 @@ async def _fetch(url: str, allowed: list[str], max_bytes: int, timeout: float) -
             try:
                 async with client.stream("GET", current) as resp:
                     if resp.is_redirect:
-                        current = urljoin(current, resp.headers.get("location", ""))
+                        current = normalise(urljoin(current, resp.headers.get("location", "")))
                         continue
                     if resp.status_code >= 400:
                         raise DocumentError(f"{current[:200]} answered HTTP {resp.status_code}",
