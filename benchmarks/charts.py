@@ -243,6 +243,12 @@ def x_cli_latency(tables: list[Table]) -> dict:
     return data
 
 
+def x_scale_by_size(tables: list[Table]) -> dict:
+    data = by_rows(tables[0], ["10k", "100k", "1M"])
+    data["xlabel"] = "seconds (log scale)"
+    return data
+
+
 def x_latency_by_size(tables: list[Table]) -> dict:
     """p50 and p95 per mode at every corpus size run_all.py measured (query_latency <n>k chunks)."""
     table, labels, series, ticks = tables[0], [], {}, {}
@@ -452,6 +458,8 @@ CHARTS: tuple[Chart, ...] = (
     Chart("query_latency_by_size", RESULTS, (RESULTS_TABLE,),
           "Warm query latency by corpus size (bars p50, ticks p95; labels p50 / p95 ms)",
           x_latency_by_size, p_latency, height=5.5),
+    Chart("scale_by_size", "SCALE.md", (("Latency by corpus size", ("latency (s)", "10k", "100k", "1M")),),
+          "Keyword search at 10k, 100k and 1M chunks (embedded store, seconds)", x_scale_by_size, p_latency),
     Chart("ingest", RESULTS, (RESULTS_TABLE,), "Ingest: first run, encode alone, unchanged re-run",
           x_ingest, p_seconds, height=3.0),
     Chart("toolgym_discovery", README,

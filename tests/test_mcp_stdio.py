@@ -33,7 +33,8 @@ class _McpStdioSession:
     """A server subprocess; stdout lines are collected by a thread so reads can time out."""
 
     def __init__(self, cwd: Path, env: dict[str, str], command: list[str] | None = None) -> None:
-        self.stderr_path = cwd / "server-stderr.log"
+        # beside the test's store, never in the working directory (tests/test_mcp_startup.py runs from the repo root)
+        self.stderr_path = Path(env.get("RESEARCH_AGENT_STORE", cwd / "store")).parent / "server-stderr.log"
         self._stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(command or [sys.executable, str(SERVER)], cwd=cwd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self._stderr)
