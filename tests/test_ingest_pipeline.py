@@ -228,10 +228,11 @@ from research_agent import embeddings
 
 
 class SlowFake(FakeEmbedder):
-    """The fake embedder at about a real model's pace per slice, so a Ctrl-C lands mid-ingest."""
+    """The fake embedder at about a real model's pace per slice, so a Ctrl-C lands mid-ingest (0.25 s: at 0.1 s an
+    unloaded CI machine once finished the folder around the signal and exited 0)."""
 
     def embed_documents(self, texts):
-        time.sleep(0.1)
+        time.sleep(0.25)
         return super().embed_documents(texts)
 
 

@@ -156,8 +156,9 @@ def test_the_fast_path_accepts_what_the_settings_accept():
 
 def test_ctrl_c_while_serve_starts_exits_quietly(tmp_path):
     """Ctrl-C (SIGINT) once the handshake is answered but while the CLI and the server still load: exit 130 and no
-    traceback on stderr."""
-    s = _session(tmp_path, [sys.executable, "-m", "research_agent", "serve"])
+    traceback on stderr. typer's import is held so the signal lands in that window on any machine (a fast one had
+    finished loading, and a running stdio server waits for its client to close stdin, as it always has)."""
+    s = _session(tmp_path, [sys.executable, "-c", HOLD_TYPER])
     try:
         _send_all(s, [_request(1, "initialize", HELLO)])
         _wait_for(s, 1)
