@@ -221,7 +221,9 @@ def test_a_model_or_store_error_in_either_thread_ends_the_run_with_it_and_whole_
 
 
 SLOW_CLI = '''
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as a terminal gives it, even if the test
+# process ignores SIGINT (an ignored signal is inherited; the full suite's process had it ignored by now)
 sys.path.insert(0, TESTS_DIR)
 from conftest import FakeEmbedder
 from research_agent import embeddings

@@ -21,7 +21,8 @@ from test_mcp_startup import HELLO, _raw_lines, _request, _send_all, _session, _
 from test_mcp_stdio import ROOT, _mcp_env
 
 # The CLI entry, but importing typer blocks for 120 s: whatever is answered meanwhile came before the CLI loaded.
-HOLD_TYPER = ("import sys, time\n"
+HOLD_TYPER = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)  # not inherited SIG_IGN (see below)\n"
               "class Hold:\n"
               "    def find_spec(self, name, path=None, target=None):\n"
               "        if name == 'typer':\n"
@@ -157,7 +158,9 @@ def test_the_fast_path_accepts_what_the_settings_accept():
 def test_ctrl_c_while_serve_starts_exits_quietly(tmp_path):
     """Ctrl-C (SIGINT) once the handshake is answered but while the CLI and the server still load: exit 130 and no
     traceback on stderr. typer's import is held so the signal lands in that window on any machine (a fast one had
-    finished loading, and a running stdio server waits for its client to close stdin, as it always has)."""
+    finished loading, and a running stdio server waits for its client to close stdin, as it always has). The child
+    takes Ctrl-C as a terminal gives it even when the test process ignores SIGINT (an ignored signal is inherited:
+    the full suite's process had it ignored by the time this ran)."""
     s = _session(tmp_path, [sys.executable, "-c", HOLD_TYPER])
     try:
         _send_all(s, [_request(1, "initialize", HELLO)])
