@@ -6,6 +6,8 @@ Usage: .venv/bin/python benchmarks/fusion_study.py dump SET SPLIT   # e.g. dump 
        .venv/bin/python benchmarks/fusion_study.py chart             # beir_sets.png from the test pools
        .venv/bin/python benchmarks/fusion_study.py ceiling [POOL...]  # w = 0.5, best constant, oracle per query
        .venv/bin/python benchmarks/fusion_study.py sections SET SPLIT... [--cache DIR]  # BM25 per piece vs per section
+       .venv/bin/python benchmarks/fusion_study.py qsections [--cache DIR]  # section BM25 at query time, dev rule, test
+       .venv/bin/python benchmarks/fusion_study.py selfquery SET [N] [--cache DIR]  # BM25 vs dense, own texts
 
 `dump` runs the hybrid retrieval (research_agent.search.retrieve.retrieve_candidates, 50 candidates per retriever, as
 `query_knowledge` asks for) for every judged query of a split and stores each candidate's raw cosine and BM25
@@ -21,7 +23,16 @@ weight per query (both chosen on the pool's own judgments, so bounds to report, 
 ranks the pools with bm25s (benchmarks/keyword_engines.py's analyzer and token layout) over each piece and over
 each whole section (node), keyword alone and fused with the pool's cosines (best piece per section), at w = 0.5
 and with the shipped adaptive weight.
-Splits come from ../shared/data, or benchmarks/data for SciFact train and CoSQA dev (beir_sets.split_files).
+`qsections` asks whether section-level keyword evidence computed at query time (no index change) lets hybrid
+pass the dev rule QSECTION_RULE: each section of a pool is scored as one text (its pieces joined, title and
+keywords once) with BM25 whose document frequencies are the index's own per-piece ones (what a query can read
+from the keyword index) and whose length norm is the collection's mean section length (one figure per
+collection); then w = 0.5, the shipped weight, the shipped weight with a per-collection prior, and the weight
+refitted on the dev pools with the section score's top as a fourth feature. Dev table first, then test.
+`selfquery` measures a per-collection signal that needs no judgments: N sections' titles and first
+sentences as pseudo-queries through the real hybrid path, MRR@10 of the source section for dense and for keyword
+(where BM25 finds its own texts as well as dense does, a weight near 0.5; far behind, toward dense), and its cost.
+Splits come from , or benchmarks/data for SciFact train and CoSQA dev (beir_sets.split_files).
 """
 
 from __future__ import annotations
@@ -171,27 +182,54 @@ def weight_features(d, k) -> list[float]:
     return [float(d.max()), float(d.std()), bm25_squash(float(k.max()))]
 
 
-def weight_table(recs: list[dict]):
-    """(features, nDCG@10 at each of WEIGHTS) per query: a rule's score is a lookup, so a grid search is cheap."""
+def section_arrays(rec: dict, section_scores):
+    """A pool ranked per section: each candidate's dense score is its section's best cosine, its keyword score
+    its section's score (ties broken by the piece's own scores)."""
+    docs, d, k = pool_arrays(rec)
+    return docs, _best_per([c[3] for c in rec["cands"]], d) + 1e-6 * d, section_scores + 1e-6 * k
+
+
+def exact_ndcg(recs: list[dict], section_scores: list | None, w) -> float:
+    """Mean nDCG@10 with query i's dense weight exactly w[i] (weight_table rounds to WEIGHTS)."""
     import numpy as np
 
+    total = 0.0
+    for i, r in enumerate(recs):
+        docs, d, k = pool_arrays(r) if section_scores is None else section_arrays(r, section_scores[i])
+        total += ndcg10([docs[j] for j in np.argsort(-(w[i] * _mm(d) + (1 - w[i]) * _mm(k)), kind="stable")],
+                        r["qrels"])
+    return total / len(recs)
+
+
+def weight_table(recs: list[dict], section_scores: list | None = None):
+    """(features, nDCG@10 at each of WEIGHTS) per query: a rule's score is a lookup, so a grid search is cheap.
+
+    With `section_scores` (one array per query, `qsections`), keyword is the section score, dense each section's
+    best cosine, and the features gain the squashed best section score."""
+    import numpy as np
+
+    from research_agent.search.calibration import bm25_squash
+
     X, Y = [], []
-    for r in recs:
+    for i, r in enumerate(recs):
         docs, d, k = pool_arrays(r)
+        feats = weight_features(d, k)
+        if section_scores is not None:
+            docs, d, k = section_arrays(r, section_scores[i])
+            feats.append(bm25_squash(float(k.max())))
         nd, nk = _mm(d), _mm(k)
-        X.append(weight_features(d, k))
+        X.append(feats)
         Y.append([ndcg10([docs[i] for i in np.argsort(-(w * nd + (1 - w) * nk), kind="stable")], r["qrels"])
                   for w in WEIGHTS])
     return np.array(X), np.array(Y)
 
 
-def fit_weight() -> None:
-    """Logistic 'dense beats BM25 on this query' on the features, then scale and offset by grid search."""
+def dense_beats_bm25(dev: dict) -> tuple:
+    """(beta, beta0): a logistic 'dense beats BM25 on this query' on the dev tables' features, weighted by how
+    much nDCG@10 is at stake (w = 1 against w = 0), in the features' own units."""
     import numpy as np
     from sklearn.linear_model import LogisticRegression
 
-    dev = {"+".join(g): weight_table([r for p in g for r in load(*p.split("-"))]) for g in FIT_POOLS}
-    test = {p: weight_table(load(*p.split("-"))) for p in TEST_POOLS if (POOLS / f"{p}.jsonl").is_file()}
     X, y, sw = [], [], []
     for Xs, Ys in dev.values():
         diff = Ys[:, -1] - Ys[:, 0]
@@ -202,12 +240,29 @@ def fit_weight() -> None:
     clf = LogisticRegression(C=1.0, max_iter=5000).fit(
         (X - mu) / sd, np.concatenate(y), sample_weight=np.concatenate(sw)
     )
-    beta, beta0 = clf.coef_[0] / sd, clf.intercept_[0] - float(np.sum(clf.coef_[0] * mu / sd))
+    return clf.coef_[0] / sd, clf.intercept_[0] - float(np.sum(clf.coef_[0] * mu / sd))
+
+
+def weighted_ndcg(tab, w) -> float:
+    """Mean nDCG@10 of a weight table when query i gets dense weight w[i] (rounded to WEIGHTS)."""
+    import numpy as np
+
+    Ys = tab[1]
+    return float(Ys[np.arange(len(Ys)), np.rint(np.asarray(w) * 100).astype(int)].mean())
+
+
+def fit_weight() -> None:
+    """Logistic 'dense beats BM25 on this query' on the features, then scale and offset by grid search."""
+    import numpy as np
+
+    dev = {"+".join(g): weight_table([r for p in g for r in load(*p.split("-"))]) for g in FIT_POOLS}
+    test = {p: weight_table(load(*p.split("-"))) for p in TEST_POOLS if (POOLS / f"{p}.jsonl").is_file()}
+    beta, beta0 = dense_beats_bm25(dev)
 
     def score(tab, a, b):
         Xs, Ys = tab
         w = 1 / (1 + np.exp(-(a + b * (Xs @ beta + beta0))))
-        return Ys[np.arange(len(Ys)), np.rint(w * 100).astype(int)].mean(), max(Ys[:, -1].mean(), Ys[:, 0].mean())
+        return weighted_ndcg(tab, w), max(Ys[:, -1].mean(), Ys[:, 0].mean())
 
     def objective(a, b):
         res = [score(t, a, b) for t in dev.values()]
@@ -249,12 +304,18 @@ def _bm25_indexes(name: str, cache: Path | None):
     sections: dict[str, list[dict]] = {}
     for r in rows:
         sections.setdefault(r["meta"].get("node_id"), []).append(r)
-    tokens = {n: sum((r["stems"]["content"] for r in sorted(rs, key=lambda r: r["meta"].get("chunk_sequence_id", 0))),
-                     []) + rs[0]["stems"]["title"] * 2 + rs[0]["stems"]["keywords"] * 3 for n, rs in sections.items()}
+    tokens = {n: section_tokens(rs) for n, rs in sections.items()}
     pieces, whole = bm25s.BM25(), bm25s.BM25()
     pieces.index([ke.rep_tokens(r) for r in rows], show_progress=False)
     whole.index(list(tokens.values()), show_progress=False)
     return an, (pieces, {r["id"]: i for i, r in enumerate(rows)}), (whole, {n: i for i, n in enumerate(tokens)})
+
+
+def section_tokens(rows: list[dict]) -> list[str]:
+    """A section's token list as one text: its pieces' content in order, title x2 and keywords x3 once."""
+    rows = sorted(rows, key=lambda r: r["meta"].get("chunk_sequence_id", 0))
+    head = rows[0]["stems"]
+    return sum((r["stems"]["content"] for r in rows), []) + head["title"] * 2 + head["keywords"] * 3
 
 
 def _bm25_of(index, terms: list[str], keys: list[str]):
@@ -305,6 +366,196 @@ def sections(name: str, splits: list[str], cache: Path | None) -> dict[str, dict
     return out
 
 
+# -- section-level keyword evidence at query time (issue 12, 2026-11-24) -------------------------------------
+#: The rule a fusion change must pass on the dev groups (FIT_POOLS), fixed before any test figure of a variant
+#: was looked at: dev mean >= shipped + SHIP_GAIN, hybrid >= best single mode + FIT_MARGIN on every group, no
+#: group below shipped by more than FALL_LIMIT; then, on test, hybrid >= both modes on all three sets and
+#: SciFact >= SCIFACT_TARGET. nDCG@10 differences between close variants are ~0.003 (noise).
+SHIP_GAIN, FALL_LIMIT, SCIFACT_TARGET = 0.003, 0.002, 0.735
+#: tantivy's BM25 constants (the keyword index's scorer)
+BM25_K1, BM25_B = 1.2, 0.75
+
+
+def section_stats(name: str, cache: Path | None) -> dict:
+    """What a query-time section score needs: per-piece document frequencies and piece count (the keyword
+    index's own statistics), each section's term counts, and the collection's mean section length."""
+    from collections import Counter
+
+    import keyword_engines as ke
+
+    if cache:
+        ke.CACHE = cache
+    an = ke.Analyzer()
+    rows = ke.make_rows(ke.load_chunks(name, None), an)
+    df: Counter = Counter()
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        df.update(set(ke.rep_tokens(r)))
+        groups.setdefault(r["meta"].get("node_id"), []).append(r)
+    secs = {n: Counter(section_tokens(rs)) for n, rs in groups.items()}
+    return {"analyzer": an, "df": df, "n": len(rows), "secs": secs,
+            "avgdl": sum(sum(c.values()) for c in secs.values()) / len(secs)}
+
+
+def section_bm25(terms: list[str], tf: dict[str, int], df: dict[str, int], n: int, avgdl: float) -> float:
+    """BM25 of one section's joined text (term counts `tf`) for the query stems `terms`, with the per-piece
+    document frequencies `df` of a collection of `n` pieces and the mean section length `avgdl`."""
+    import math
+
+    length = sum(tf.values())
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * length / avgdl)
+    return sum(math.log(1 + (n - df.get(t, 0) + 0.5) / (df.get(t, 0) + 0.5)) * tf[t] * (BM25_K1 + 1) / (tf[t] + norm)
+               for t in set(terms) if tf.get(t))
+
+
+def qsection_scores(name: str, split: str, stats: dict) -> list:
+    """Per query of a pool: every candidate's section score (its section as one text)."""
+    import numpy as np
+
+    from keyword_engines import judged_queries
+
+    queries, _ = judged_queries(name, split=split)
+    out = []
+    for r in load(name, split):
+        terms = stats["analyzer"].stems(queries[r["qid"]])
+        out.append(np.array([section_bm25(terms, stats["secs"][c[3]], stats["df"], stats["n"], stats["avgdl"])
+                             for c in r["cands"]]))
+    return out
+
+
+def _shipped_w(tab, base: float = 0.5):
+    """retrieve.adaptive_dense_weight from a weight table's first three features (prior `base`)."""
+    import numpy as np
+
+    from research_agent.search import retrieve as q
+
+    coef = np.array([q.ADAPTIVE_WEIGHT_COEF[f] for f in ("top_cosine", "cosine_sd", "top_bm25")])
+    z = np.log(base / (1 - base)) + q.ADAPTIVE_WEIGHT_INTERCEPT + tab[0][:, :3] @ coef
+    return 1 / (1 + np.exp(-z))
+
+
+def passes_dev(scores: dict, shipped: dict, single: dict) -> bool:
+    """The dev rule (SHIP_GAIN, FIT_MARGIN, FALL_LIMIT) for one variant's nDCG@10 per dev group."""
+    import numpy as np
+
+    return (float(np.mean(list(scores.values()))) >= float(np.mean(list(shipped.values()))) + SHIP_GAIN
+            and all(scores[g] >= single[g] + FIT_MARGIN and scores[g] >= shipped[g] - FALL_LIMIT for g in scores))
+
+
+def refit_sections(dev_sec: dict, single: dict) -> tuple:
+    """The per-query weight refitted on section-level dev tables (four features); scale and offset by grid:
+    the best dev mean among those that keep the FIT_MARGIN on every group (else the best mean)."""
+    import numpy as np
+
+    beta, beta0 = dense_beats_bm25(dev_sec)
+    best = None
+    for a in np.arange(-1.0, 2.01, 0.1):
+        for b in np.arange(0.0, 8.01, 0.25):
+            got = {g: weighted_ndcg(t, 1 / (1 + np.exp(-(a + b * (t[0] @ beta + beta0))))) for g, t in dev_sec.items()}
+            key = (all(got[g] >= single[g] + FIT_MARGIN for g in got), float(np.mean(list(got.values()))))
+            if best is None or key > best[0]:
+                best = (key, a + b * beta0, b * beta)
+    return best[1], best[2]
+
+
+def _variants(recs: list[dict], ks: list, plain, sec, fitted) -> dict:
+    """nDCG@10 of every variant on one group, each at its exact per-query weights."""
+    import numpy as np
+
+    icpt, coef = fitted
+    out = {"semantic": plain[1][:, -1].mean(), "keyword (pieces)": plain[1][:, 0].mean(),
+           "keyword (sections)": sec[1][:, 0].mean(), "shipped": exact_ndcg(recs, None, _shipped_w(plain)),
+           "sections, w=0.5": sec[1][:, 50].mean(), "sections, shipped w": exact_ndcg(recs, ks, _shipped_w(sec))}
+    for base in (0.3, 0.4, 0.45):   # a per-collection prior on the shipped weight: the bound of any such signal
+        out[f"sections, shipped w, prior {base}"] = exact_ndcg(recs, ks, _shipped_w(sec, base))
+    out["sections, refitted w (4 features)"] = exact_ndcg(recs, ks, 1 / (1 + np.exp(-(icpt + sec[0] @ coef))))
+    return {k: float(v) for k, v in out.items()}
+
+
+def qsections(cache: Path | None) -> dict:
+    """Dev table, the rule's verdict per variant, then the test table (never fitted on)."""
+    stats: dict[str, dict] = {}
+    tables = {}
+    for group in [*FIT_POOLS, *((p,) for p in TEST_POOLS)]:
+        recs, ks = [], []
+        for p in group:
+            name, split = p.split("-")
+            if name not in stats:
+                stats[name] = section_stats(name, cache)
+            recs += load(name, split)
+            ks += qsection_scores(name, split, stats[name])
+        tables["+".join(group)] = (recs, ks, weight_table(recs), weight_table(recs, ks))
+    dev = ["+".join(g) for g in FIT_POOLS]
+    single = {g: max(t[2][1][:, -1].mean(), t[2][1][:, 0].mean(), t[3][1][:, 0].mean()) for g, t in tables.items()}
+    fitted = refit_sections({g: tables[g][3] for g in dev}, single)
+    res = {g: _variants(*tables[g], fitted) for g in tables}
+    print("refitted weight: intercept", round(float(fitted[0]), 3), "coef (top_cosine, cosine_sd, top_bm25 piece,"
+          " top_bm25 section)", [round(float(v), 3) for v in fitted[1]])
+    for groups in (dev, list(TEST_POOLS)):
+        print("| variant | " + " | ".join(groups) + " | mean | dev rule |")
+        for v in res[groups[0]]:
+            got = {g: res[g][v] for g in groups}
+            ok = passes_dev({g: res[g][v] for g in dev}, {g: res[g]["shipped"] for g in dev}, single)
+            print(f"| {v} | " + " | ".join(f"{x:.4f}" for x in got.values()) +
+                  f" | {sum(got.values()) / len(got):.4f} | {'pass' if ok else 'fail'} |", flush=True)
+    return res
+
+
+def _pseudo_queries(chunk: tuple) -> dict[str, str]:
+    """A section's title (or header path where the title is only the document's key) and first sentence."""
+    import re
+
+    _, text, meta = chunk
+    title = str(meta.get("document_title") or "")
+    if not title or title == meta.get("source_document"):
+        title = str(meta.get("header_path") or "")
+    sentences = [x for x in re.split(r"(?<=[.!?])\s+|\n", text.strip()) if len(x.split()) >= 5] or [text]
+    return {"title": title, "sentence": " ".join(sentences[0].split()[:20])}
+
+
+def _mrr_at_10(cands: list, node: str, side: str) -> float:
+    order = sorted(cands, key=lambda x: getattr(x, side) or 0.0, reverse=True)
+    nodes = list(dict.fromkeys(x.metadata.get("node_id") for x in order))[:10]
+    return 1 / (nodes.index(node) + 1) if node in nodes else 0.0
+
+
+def selfquery(name: str, n: int, cache: Path | None) -> dict[str, dict[str, float]]:
+    """MRR@10 of the source section, dense vs keyword, for n random sections' pseudo-queries, and ms/query."""
+    import random
+    import time
+
+    import keyword_engines as ke
+    from research_agent.container import build_container
+    from research_agent.search.retrieve import retrieve_candidates
+
+    if cache:
+        ke.CACHE = cache
+    chunks = ke.load_chunks(name, None)
+    c = build_container(store=str(ke.CACHE / name / _store_model()))
+    sample = random.Random(0).sample(chunks, min(n, len(chunks)))
+    out = {}
+    for kind in ("title", "sentence"):
+        mrr = {"dense": 0.0, "keyword": 0.0}
+        t = time.perf_counter()
+        for ch in sample:
+            cands = retrieve_candidates(c, _pseudo_queries(ch)[kind][: c.settings.max_query_chars], [name], n=50)
+            for side in mrr:
+                mrr[side] += _mrr_at_10(cands, ch[2].get("node_id"), side) / len(sample)
+        out[kind] = {**mrr, "keyword/dense": mrr["keyword"] / max(mrr["dense"], 1e-9),
+                     "ms_per_query": (time.perf_counter() - t) * 1000 / len(sample)}
+        print(f"{name} {kind}: " + ", ".join(f"{k} {v:.3f}" for k, v in out[kind].items()), flush=True)
+    return out
+
+
+def _store_model() -> str:
+    """The store folder name of the configured embedding model (beir_sets.open_set's layout)."""
+    import re
+
+    from research_agent.config import Settings
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Settings().embedding_model)
+
+
 def compare(pools: list[str]) -> None:
     sets = {p: load(*p.split("-")) for p in pools}
     rs = rules()
@@ -335,5 +586,11 @@ if __name__ == "__main__":
         cache = Path(args[args.index("--cache") + 1]) if "--cache" in args else None
         args = [a for i, a in enumerate(args) if a != "--cache" and (i == 0 or args[i - 1] != "--cache")]
         sections(args[0], args[1:], cache)
+    elif sys.argv[1] == "qsections":
+        qsections(Path(sys.argv[sys.argv.index("--cache") + 1]) if "--cache" in sys.argv else None)
+    elif sys.argv[1] == "selfquery":
+        rest = [a for i, a in enumerate(sys.argv) if a != "--cache" and sys.argv[i - 1] != "--cache"][2:]
+        selfquery(rest[0], int(rest[1]) if len(rest) > 1 else 200,
+                  Path(sys.argv[sys.argv.index("--cache") + 1]) if "--cache" in sys.argv else None)
     elif sys.argv[1] == "compare":
         compare(sys.argv[2:] or sorted(p.stem for p in POOLS.glob("*.jsonl")))
