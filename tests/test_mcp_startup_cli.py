@@ -18,7 +18,7 @@ import pytest
 from research_agent.mcp import early
 from test_mcp import TOOLS
 from test_mcp_startup import HELLO, _raw_lines, _request, _send_all, _session, _stop, _wait_for, _without_id
-from test_mcp_stdio import ROOT, _mcp_env
+from test_mcp_stdio import ROOT, SERVER, _mcp_env, _McpStdioSession
 
 # The CLI entry, but importing typer blocks for 120 s: whatever is answered meanwhile came before the CLI loaded.
 HOLD_TYPER = ("import signal, sys, time\n"
@@ -94,6 +94,8 @@ def test_serve_help_still_prints_on_stdout():
     (["serve"], "http", "http"),
     (["serve"], "HTTP", None),
     (["serve"], "", "stdio"),
+    (["serve"], "garbage", None),
+    (["serve", "--transport", "stdio"], "garbage", "stdio"),  # the flag overrides the variable, as in the settings
     (["serve", "--port", "abc"], None, None),
     (["serve", "--transport", ""], None, None),
     (["serve", "--port=0"], None, None),
@@ -144,15 +146,70 @@ def test_a_rejected_serve_launch_exits_with_the_cli_error_and_nothing_on_stdout(
     assert b"Traceback" not in done.stderr
 
 
-def test_the_fast_path_accepts_what_the_settings_accept():
-    """serve.py cannot import research_agent.config (pydantic costs the fast path its lead), so it keeps its own
-    copy of the transport names and the port range: they must be the Settings fields' own."""
-    from research_agent.cli import serve
-    from research_agent.config import Settings
+# Launch environments the settings reject (exit 3, a ConfigError). Each entry point must refuse them before claiming
+# stdio: `python mcp_server.py` lowercased RESEARCH_AGENT_TRANSPORT and answered the handshake for "garbage" and
+# "Stdio", then exited 3 (a client saw "connected" and then a dead server).
+REJECTED_ENVIRONMENTS = [
+    {"RESEARCH_AGENT_TRANSPORT": "garbage"},
+    {"RESEARCH_AGENT_TRANSPORT": "Stdio"},
+    {"RESEARCH_AGENT_TRANSPORT": "HTTP"},
+    {"RESEARCH_AGENT_PORT": "abc"},
+    {"RESEARCH_AGENT_PORT": "0"},
+]
+ENTRIES = ["python mcp_server.py", "research-agent serve", "python -m research_agent serve"]
 
-    assert serve.TRANSPORTS == typing.get_args(Settings.model_fields["transport"].annotation)
+
+def _entry(name: str) -> list[str]:
+    if name == "python mcp_server.py":
+        return [sys.executable, str(SERVER)]
+    return [*(_console_script() if name == "research-agent serve" else [sys.executable, "-m", "research_agent"]),
+            "serve"]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("env", REJECTED_ENVIRONMENTS, ids=lambda env: "=".join(*env.items()))
+def test_every_entry_refuses_a_rejected_environment_before_any_answer(tmp_path, entry, env):
+    """All three launch paths, the handshake on stdin from the start: exit 3 (ConfigError), the bad variable named
+    on stderr, nothing on stdout (no early `initialize` answer), no traceback."""
+    handshake = "".join(json.dumps(m) + "\n" for m in (
+        _request(1, "initialize", HELLO), {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        _request(2, "tools/list")))
+    done = subprocess.run(_entry(entry), cwd=tmp_path, input=handshake.encode(),
+                          env={**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false", **env}, capture_output=True,
+                          timeout=120)
+    stderr = done.stderr.decode(errors="replace")
+    assert done.stdout == b"", done.stdout[:300]
+    assert done.returncode == 3, stderr[-500:]
+    assert "Invalid settings" in stderr and next(iter(env)) in stderr, stderr[-500:]
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_every_entry_answers_early_with_valid_launch_variables_set(tmp_path, entry):
+    """The shared check lets through what the settings accept (the variables spelt as they take them): the
+    handshake is answered by the front, as with nothing set."""
+    s = _McpStdioSession(ROOT, {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false",
+                                "RESEARCH_AGENT_TRANSPORT": "stdio", "RESEARCH_AGENT_PORT": "9000"}, _entry(entry))
+    try:
+        _send_all(s, [_request(1, "initialize", HELLO)])
+        (hello,) = _wait_for(s, 1)
+    finally:
+        _stop(s)
+    assert hello["result"]["serverInfo"]["name"] == early.SERVER_NAME
+
+
+def test_the_fast_path_accepts_what_the_settings_accept():
+    """The front (research_agent/mcp/stdio.py) cannot import research_agent.config (pydantic costs it its lead), so
+    it keeps its own copy of the transport names, the port range and the variables' prefix: they must be the
+    settings' own."""
+    from research_agent import config
+    from research_agent.config import Settings
+    from research_agent.mcp import stdio
+
+    assert stdio.TRANSPORTS == typing.get_args(Settings.model_fields["transport"].annotation)
     bounds = {type(m).__name__: m for m in Settings.model_fields["port"].metadata}
-    assert serve.PORT_RANGE == (bounds["Ge"].ge, bounds["Le"].le)
+    assert stdio.PORT_RANGE == (bounds["Ge"].ge, bounds["Le"].le)
+    assert stdio.ENV_PREFIX == config.ENV_PREFIX
 
 
 def test_ctrl_c_while_serve_starts_exits_quietly(tmp_path):

@@ -16,42 +16,13 @@ from typing import Any, Literal, Optional
 SERVE_VALUE_OPTIONS = ("--transport", "--host", "--port")
 
 
-#: What research_agent/config.py's Settings accept for `transport` and `port` (tests/test_mcp_startup_cli.py checks
-#: they are the fields' own): kept here because importing the settings (pydantic) would cost the front its lead.
-#: The front answers only launches these accept, so a launch the CLI or the settings reject (exit 2 or 3) never
-#: shows a client a handshake first.
-TRANSPORTS = ("stdio", "http")
-PORT_RANGE = (1, 65535)
-ENV_PREFIX = "RESEARCH_AGENT_"
-
-
-def _acceptable(option: str, value: str) -> bool:
-    """Whether `value` for `option` (--transport, --host, --port) is exactly what the CLI and the settings take:
-    the transport as spelt in TRANSPORTS, a non-empty host, a port of plain digits in PORT_RANGE."""
-    if option == "--transport":
-        return value in TRANSPORTS
-    if option == "--port":
-        return value.isascii() and value.isdigit() and PORT_RANGE[0] <= int(value) <= PORT_RANGE[1]
-    return value != ""
-
-
-def launch_environment_ok() -> bool:
-    """Whether RESEARCH_AGENT_TRANSPORT and _PORT, if set, are values the settings accept (empty is unset, as in
-    config._env_layer): otherwise loading the settings fails (exit 3) and nothing may be answered before."""
-    import os
-
-    return all(_acceptable(option, os.environ[ENV_PREFIX + option[2:].upper()])
-               for option in ("--transport", "--port") if os.environ.get(ENV_PREFIX + option[2:].upper()))
-
-
-def early_serve_transport(args: list[str]) -> str | None:
-    """The transport `research-agent <args>` serves on when it is `serve` with nothing but SERVE_VALUE_OPTIONS,
-    each with a value the CLI and the settings accept, and a launch environment they accept (the --transport
-    flag, else RESEARCH_AGENT_TRANSPORT, else stdio), or None: leave it to the CLI."""
-    import os
-
-    if not args or args[0] != "serve" or not launch_environment_ok():
+def _plain_serve_flags(args: list[str]) -> dict[str, str] | None:
+    """The flags of `research-agent <args>` when it is `serve` with nothing but SERVE_VALUE_OPTIONS, each with a
+    value the CLI and the settings take (research_agent/mcp/stdio.py `acceptable`), else None."""
+    if not args or args[0] != "serve":
         return None
+    from research_agent.mcp.stdio import acceptable
+
     values: dict[str, str] = {}
     rest = iter(args[1:])
     for arg in rest:
@@ -60,19 +31,33 @@ def early_serve_transport(args: list[str]) -> str | None:
             return None
         if not equals:
             value = next(rest, None)
-        if value is None or not _acceptable(name, value):
+        if value is None or not acceptable(name, value):
             return None  # the CLI's usage error (2) or the settings' (3)
         values[name] = value
-    return values.get("--transport") or os.environ.get(ENV_PREFIX + "TRANSPORT") or "stdio"
+    return values
+
+
+def early_serve_transport(args: list[str]) -> str | None:
+    """The transport `research-agent <args>` serves on when it is a plain `serve` (`_plain_serve_flags`) whose
+    transport and port, with the environment's, are ones the settings accept (research_agent/mcp/stdio.py
+    `launch_transport`, the check every entry point's front shares), or None: leave it to the CLI."""
+    flags = _plain_serve_flags(args)
+    if flags is None:
+        return None
+    from research_agent.mcp.stdio import launch_transport
+
+    return launch_transport(flags.get("--transport"), flags.get("--port"))
 
 
 def start_front(args: list[str]) -> None:
     """Claim stdio and answer the handshake and the lists now (research_agent/mcp/stdio.py) if `args` (the
-    command line after `research-agent`) is a plain `serve` on stdio; otherwise do nothing."""
-    if early_serve_transport(args) == "stdio":
+    command line after `research-agent`) is a plain `serve` on stdio that the settings will accept; otherwise do
+    nothing (start_early decides, with the same check as every entry point)."""
+    flags = _plain_serve_flags(args)
+    if flags is not None:
         from research_agent.mcp.stdio import start_early
 
-        start_early("stdio")  # the command calls it again: a no-op once the wire is claimed
+        start_early(flags.get("--transport"), flags.get("--port"))  # the command calls it again: then a no-op
 
 
 def _command() -> Any:
@@ -93,8 +78,9 @@ def _command() -> Any:
         """Run the MCP server (stdio by default)."""
         from research_agent.mcp.stdio import drop_working_directory_from_path, start_early
 
-        if launch_environment_ok() and (port is None or _acceptable("--port", str(port))):  # else exit 3
-            start_early(transport)  # answers `initialize` while the server imports (already, if start_front did)
+        # Answers `initialize` while the server imports (already, if start_front did), unless the transport or port
+        # is one the settings reject (then they exit 3 with nothing answered before).
+        start_early(transport, None if port is None else str(port))
         drop_working_directory_from_path()  # never a workspace's own research_agent package
         from research_agent.mcp.app import run
 
