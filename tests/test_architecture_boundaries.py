@@ -47,9 +47,11 @@ LAYERS: dict[str, tuple[int, set[str]]] = {
 STORAGE_MAY_IMPORT = {"__init__", "errors", "config"}
 FACE_OF = {"cli": "cli", "__main__": "cli", "mcp": "mcp", "mcp_server": "mcp"}
 
-# `research-agent serve` starts the MCP server: it claims stdio early (mcp/stdio.py) and runs the entry file.
-# That hands the process to the other face; it never calls the MCP face's tools.
+# `research-agent serve` starts the MCP server: it claims stdio early (mcp/stdio.py) for the launches its front
+# may answer (mcp/launch.py) and runs the entry file. That hands the process to the other face; it never calls
+# the MCP face's tools.
 FACE_DOORS = {("research_agent.cli.serve", "research_agent.mcp.stdio"),
+              ("research_agent.cli.serve", "research_agent.mcp.launch"),
               ("research_agent.cli.serve", "research_agent.mcp.app")}
 
 # TEMPORARY (issue 13, step 2 in progress): upward imports in today's tree, as (importer, imported module).

@@ -199,17 +199,17 @@ def test_every_entry_answers_early_with_valid_launch_variables_set(tmp_path, ent
 
 
 def test_the_fast_path_accepts_what_the_settings_accept():
-    """The front (research_agent/mcp/stdio.py) cannot import research_agent.config (pydantic costs it its lead), so
+    """The front (research_agent/mcp/launch.py) cannot import research_agent.config (pydantic costs it its lead), so
     it keeps its own copy of the transport names, the port range and the variables' prefix: they must be the
     settings' own."""
     from research_agent import config
     from research_agent.config import Settings
-    from research_agent.mcp import stdio
+    from research_agent.mcp import launch
 
-    assert stdio.TRANSPORTS == typing.get_args(Settings.model_fields["transport"].annotation)
+    assert launch.TRANSPORTS == typing.get_args(Settings.model_fields["transport"].annotation)
     bounds = {type(m).__name__: m for m in Settings.model_fields["port"].metadata}
-    assert stdio.PORT_RANGE == (bounds["Ge"].ge, bounds["Le"].le)
-    assert stdio.ENV_PREFIX == config.ENV_PREFIX
+    assert launch.PORT_RANGE == (bounds["Ge"].ge, bounds["Le"].le)
+    assert launch.ENV_PREFIX == config.ENV_PREFIX
 
 
 def test_ctrl_c_while_serve_starts_exits_quietly(tmp_path):

@@ -21,7 +21,7 @@ def _plain_serve_flags(args: list[str]) -> dict[str, str] | None:
     value the CLI and the settings take (research_agent/mcp/stdio.py `acceptable`), else None."""
     if not args or args[0] != "serve":
         return None
-    from research_agent.mcp.stdio import acceptable
+    from research_agent.mcp.launch import acceptable
 
     values: dict[str, str] = {}
     rest = iter(args[1:])
@@ -44,7 +44,7 @@ def early_serve_transport(args: list[str]) -> str | None:
     flags = _plain_serve_flags(args)
     if flags is None:
         return None
-    from research_agent.mcp.stdio import launch_transport
+    from research_agent.mcp.launch import launch_transport
 
     return launch_transport(flags.get("--transport"), flags.get("--port"))
 

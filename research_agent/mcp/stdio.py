@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from research_agent.mcp.early import LIST_CHANGED, REGENERATE, early_response, stored_answers
+from research_agent.mcp.launch import launch_transport
 
 log = logging.getLogger("research_agent.mcp")
 
@@ -153,39 +154,6 @@ def _dup_above_std(fd: int) -> int:
 
 
 _early: Wire | None = None
-
-#: What research_agent/config.py's Settings accept for `transport` and `port` (tests/test_mcp_startup_cli.py checks
-#: they are the fields' own): kept here because importing the settings (pydantic) would cost the front
-#: its lead. The front answers only launches these accept, so a launch the settings reject (a ConfigError, exit 3)
-#: never shows a client a handshake first. Other settings are checked when they load, after the early answers.
-TRANSPORTS = ("stdio", "http")
-PORT_RANGE = (1, 65535)
-ENV_PREFIX = "RESEARCH_AGENT_"
-
-
-def acceptable(option: str, value: str) -> bool:
-    """Whether `value` for `option` (--transport, --host, --port) is exactly what the CLI and the settings take:
-    the transport as spelt in TRANSPORTS (the settings do not fold case), a non-empty host, a port of plain
-    digits in PORT_RANGE."""
-    if option == "--transport":
-        return value in TRANSPORTS
-    if option == "--port":
-        return value.isascii() and value.isdigit() and PORT_RANGE[0] <= int(value) <= PORT_RANGE[1]
-    return value != ""
-
-
-def launch_transport(transport: str | None = None, port: str | None = None) -> str | None:
-    """The transport a launch serves on (the --transport flag, else RESEARCH_AGENT_TRANSPORT, else stdio), or None
-    when the transport or port the settings will get (a flag, which overrides the variable, else
-    RESEARCH_AGENT_TRANSPORT / _PORT; empty is unset, as in config._env_layer) is a value they reject: loading them
-    will fail (exit 3), so nothing may be answered before. The one check every entry point's front goes through
-    (mcp_server.py, `research-agent serve`, `python -m research_agent serve`)."""
-    chosen = {option: flag if flag is not None else os.environ.get(ENV_PREFIX + option[2:].upper()) or None
-              for option, flag in (("--transport", transport), ("--port", port))}
-    if not all(acceptable(option, value) for option, value in chosen.items() if value is not None):
-        return None
-    return chosen["--transport"] or "stdio"
-
 
 def start_early(transport: str | None = None, port: str | None = None) -> None:
     """Claim the wire and answer `initialize` in the background when the launch is stdio and its transport and
