@@ -10,8 +10,9 @@ build and child processes (`scale.build_store`, `scale.CHILD_QUERY`, `scale.warm
      are), each with its own keyword index cache (XDG_CACHE_HOME=DIR/cache-a, cache-b: server mode keeps the
      index in the user's cache), answer their first keyword query (a build from the server), then warm p50/p95;
   2. two writer processes add one note each at the same time (`kb add-research`'s path, real model);
-  3. each server's next keyword query: its catch-up mode, documents touched, seconds, and whether it finds
-     both writers' notes (correctness, not only speed);
+  3. each server's next keyword query: its catch-up mode, documents touched, manifests read, change records
+     skipped as already applied (the load's, still inside the 5-minute skew window), seconds, and whether it
+     finds both writers' notes (correctness, not only speed);
   4. a new process on A's machine (cache A, already caught up) and one on a third machine (empty cache): their
      first keyword query.
 Every child has a timeout and the chroma server is stopped at the end (also on error). Figures:
@@ -62,6 +63,7 @@ for line in sys.stdin:
     took = time.perf_counter() - t
     print(json.dumps({"query_s": took, "documents": [h.source_document for h in res.results],
                       "catch_up": [{"mode": x.mode, "documents": len(x.documents), "chunks": x.chunks,
+                                    "manifests": x.manifests, "records_skipped": x.skipped,
                                     "seconds": round(x.seconds, 4)} for x in keyword_sync.RECENT]}), flush=True)
 """
 

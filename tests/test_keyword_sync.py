@@ -14,7 +14,7 @@ import pytest
 from research_agent.catalog import collections, notes as augment
 from research_agent.catalog.collections import open_collection
 from research_agent.search import service as query
-from research_agent.search.keyword_index import Chunk, KeywordIndex
+from research_agent.search.keyword_index import Chunk, IndexState, KeywordIndex
 
 TESTS = Path(__file__).parent
 ANIMALS = [("Okapi", "Okapis live in the Ituri rainforest and eat leaves."),
@@ -62,8 +62,9 @@ def keyword_hits(c, text: str) -> list[str]:
                                                      rerank=False).results]
 
 
-def contents(index: KeywordIndex) -> tuple[dict[str, tuple[str, dict]], dict[str, str], str | None]:
-    """Everything the index holds: each chunk's text and metadata, and its state (per document and global)."""
+def contents(index: KeywordIndex) -> tuple[dict[str, tuple[str, dict]], dict[str, str], IndexState]:
+    """Everything the index holds: each chunk's text and metadata, and its state (per document and global:
+    revision, log position, collection id and the change records it remembers as applied)."""
     import tantivy
 
     searcher = index._index.searcher()
@@ -71,7 +72,7 @@ def contents(index: KeywordIndex) -> tuple[dict[str, tuple[str, dict]], dict[str
     docs = [searcher.doc(addr) for _, addr in hits]
     chunks = {d["id"][0]: (d["text"][0].decode(), json.loads(d["meta"][0])) for d in docs
               if not d["id"][0].startswith(("_state", "\x00"))}
-    return chunks, index.all_versions(), index.state.revision
+    return chunks, index.all_versions(), index.state
 
 
 def fresh_build(c, tmp_path: Path) -> KeywordIndex:

@@ -113,6 +113,11 @@ class IndexState:
     revision: str | None = None
     log_at: int = 0
     collection: str | None = None
+    #: Change records of the skew window this index has applied (search/keyword_sync.py: the first
+    #: `APPLIED_ID_CHARS` of each one's token, oldest first, at most MAX_APPLIED), all stamped at or after
+    #: `applied_from` (ns). Committed with the chunks, so a kill -9 never separates them.
+    applied: tuple[str, ...] = ()
+    applied_from: int = 0
 
 
 @dataclass
@@ -242,7 +247,8 @@ class KeywordIndex:
             return IndexState()
         raw = json.loads(searcher.doc(hits[0][1])["meta"][0].decode("utf-8"))
         return IndexState(revision=raw.get("revision"), log_at=int(raw.get("log_at", 0)),
-                          collection=raw.get("collection"))
+                          collection=raw.get("collection"), applied=tuple(raw.get("applied", ())),
+                          applied_from=int(raw.get("applied_from", 0)))
 
     def versions_of(self, documents: Iterable[str]) -> dict[str, str]:
         """{document: content hash} of the named documents the index holds (a catch-up from the log: reads
@@ -372,8 +378,11 @@ class KeywordIndex:
         import tantivy
 
         writer.delete_documents_by_term("id", STATE_ID)
-        raw = json.dumps({"revision": state.revision, "log_at": state.log_at, "layout": ANALYZER_VERSION,
-                          "collection": state.collection}, sort_keys=True).encode("utf-8")
+        fields = {"revision": state.revision, "log_at": state.log_at, "layout": ANALYZER_VERSION,
+                  "collection": state.collection}
+        if state.applied:  # absent otherwise: the entry stays as small as before (~150 bytes)
+            fields.update(applied=list(state.applied), applied_from=state.applied_from)
+        raw = json.dumps(fields, sort_keys=True).encode("utf-8")
         writer.add_document(tantivy.Document(id=STATE_ID, doc=_STATE_DOC, meta=raw))
         written.entries += 1
         written.state_bytes += len(raw)

@@ -20,6 +20,9 @@ the index's state names another, the index catches up before it answers:
      position is the time of the record announcing the index's revision (a build or full diff looks it up in
      the log). An index with no state, or saved before its Chroma collection id was kept, is
      built from a full scan; one holding another collection's id (a symlinked or copied folder) is not used.
+     Records the index already applied are skipped (`IndexState.applied`, below): right after a bulk load the
+     window's records name thousands of documents, and every catch-up of the next 5 minutes read all their
+     manifests (6,026 for a one-document write at 10k chunks through a server, 0.63 s).
   2. of those, the documents whose manifest content hash differs from the index's (`versions_of`: only the
      named documents' state is read; the full diff reads every document's, `all_versions`); their entries
      are deleted from the index and their current visible chunks added (fetched from Chroma by id: the
@@ -32,6 +35,20 @@ processes, other machines on a Chroma server, and after kill -9 anywhere (a catc
 published nothing and runs again; a writer killed after its flip is recovered by `recover_interrupted`, which
 logs the documents and bumps the revision). Re-reading the last `SKEW_SECONDS` of the log covers records that
 land late (clock skew between server writers); re-applying a document whose hash already matches is skipped.
+
+Applied records (the skew window's memory): each catch-up (build, diff or log) reads the change records before
+the manifests, and commits with its state the ids of those stamped inside the next catch-up's window that were
+finished when read (registry `finished`: a write's record is marked done after its flip and bump, a reset's
+record is written after its change): their changes were in the manifests it compared. The next catch-up
+skips a record whose id it remembers and that is still finished, and reads every other: one that landed late
+(stamped inside the window, written after the catch-up), one read before its write flipped (a server has no
+read gate: remembered, it would hide that write for good), one a writer of an older version wrote (never
+marked done). A remembered record missing from the log means the log does not continue from the index (a
+store restored from a backup): full diff; a store restored from a backup taken mid-write holds the record
+unfinished, so it is read again. A remembered reset is not taken for a new one (a reset followed by writes
+made every catch-up of its window a full diff: ~7 s each at 1M documents on a server). At most MAX_APPLIED
+ids (16 hex characters each, <= ~10 KB of state, committed in the same tantivy commit as the chunks: kill -9
+never separates them); past that the oldest are forgotten and their documents read again, as before.
 
 Concurrency: tantivy allows one writer per index, so a catch-up holds `<index>.lock` (flock, released by the
 OS if the process dies); another process that finds it taken answers from the last committed state if that is
@@ -72,7 +89,14 @@ from research_agent.search.keyword_index import (
 )
 from research_agent.storage import chunks as chunk_pages
 from research_agent.storage.locks import _flock
-from research_agent.storage.registry import CHANGE_LOG_SECONDS, DOCUMENT, announced, document_key, version_ids
+from research_agent.storage.registry import (
+    CHANGE_LOG_SECONDS,
+    DOCUMENT,
+    announced,
+    document_key,
+    finished,
+    version_ids,
+)
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -86,6 +110,13 @@ log = logging.getLogger(__name__)
 #: never sees half a commit (the read gate), so there only clock steps matter: 2 s.
 SKEW_SECONDS = 300
 EMBEDDED_SKEW_SECONDS = 2
+#: The change records of the skew window an index remembers as applied (their documents are not read again
+#: by the next catch-up): the newest this many, by the first APPLIED_ID_CHARS of their tokens (uuid4: 60 random
+#: bits, so a new record is mistaken for a remembered one about once in 10^15), <= ~10 KB of state. A bulk load
+#: writes one record per 256-500 chunks (10k chunks: 20-40 records; 5 minutes of a 1M load at 195 documents/s:
+#: ~230); past the bound the oldest records' documents are read again, as before the memory existed.
+MAX_APPLIED = 512
+APPLIED_ID_CHARS = 16
 #: The longest a query waits for another process's catch-up (a first build at 1M chunks took 60-110 s).
 CATCH_UP_WAIT_SECONDS = 600.0
 #: How long one try for the catch-up lock waits before checking whether the other process is done.
@@ -109,7 +140,9 @@ _COLLECTION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 @dataclass
 class CatchUp:
     """One catch-up: how it found the documents ("build", "log" or "diff"), which it updated, chunks added,
-    index entries and bytes of state written (keyword_index.Written)."""
+    index entries and bytes of state written (keyword_index.Written), manifests read (the cost that follows
+    the log: 1 for a one-document write, every document's for a build or full diff) and change records
+    skipped as already applied (IndexState.applied)."""
 
     collection: str
     mode: str
@@ -118,6 +151,8 @@ class CatchUp:
     seconds: float = 0.0
     entries: int = 0
     state_bytes: int = 0
+    manifests: int = 0
+    skipped: int = 0
 
 
 def index_path(folder: Path, weights: tuple[int, int]) -> Path:
@@ -303,6 +338,7 @@ def catch_up(c: Container, collection: str, col: Any, index: KeywordIndex) -> Ca
 
 def _build(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:
     """A first build: every visible chunk, read page by page (never the whole collection in memory)."""
+    records = _whole_log(store, collection, started)  # before the manifests: see _applied
     current = store.current_versions(collection)
 
     def visible() -> Iterator[tuple[str, Chunk]]:
@@ -310,10 +346,10 @@ def _build(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str,
             if chunk_pages.is_visible(meta, current):
                 yield str(meta.get("source_document")), Chunk(cid, text, meta)
 
-    state = IndexState(rev, _announced_at(store, collection, rev, started), str(col.id))
+    state = _new_state(store, rev, _announced_at(records, rev, started), str(col.id), records)
     written = index.apply([], visible(), state, current, replace_all=True)
     return CatchUp(collection, "build", sorted(current), written.chunks, entries=written.entries,
-                   state_bytes=written.state_bytes)
+                   state_bytes=written.state_bytes, manifests=len(current))
 
 
 def _update(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:
@@ -322,53 +358,96 @@ def _update(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str
     state = index.state
     from_log = _logged_documents(store, collection, state, rev, started)
     if from_log is None:
-        mode, manifests, log_at = "diff", _manifests(store, collection), _announced_at(store, collection, rev, started)
-        held = index.all_versions()
+        records = _whole_log(store, collection, started)  # before the manifests: see _applied
+        mode, manifests, log_at = "diff", _manifests(store, collection), _announced_at(records, rev, started)
+        held, skipped = index.all_versions(), 0
         candidates = set(manifests) | set(held)
     else:
-        mode, (candidates, log_at) = "log", from_log
+        mode, (candidates, log_at, records, skipped) = "log", from_log
         manifests = _manifests(store, collection, candidates)
         held = index.versions_of(candidates)
     targets = sorted(d for d in candidates
                      if (manifests[d]["content_hash"] if d in manifests else None) != held.get(d))
     versions = {d: manifests[d]["content_hash"] for d in targets if d in manifests}
     written = index.apply(targets, _current_chunks(col, collection, [manifests[d] for d in versions]),
-                          IndexState(rev, log_at, str(col.id)), versions)
+                          _new_state(store, rev, log_at, str(col.id), records), versions)
     return CatchUp(collection, mode, targets, written.chunks, entries=written.entries,
-                   state_bytes=written.state_bytes)
+                   state_bytes=written.state_bytes, manifests=len(manifests) if mode == "diff" else len(candidates),
+                   skipped=skipped)
+
+
+def _skew_ns(store: Any) -> int:
+    return (EMBEDDED_SKEW_SECONDS if store.kind == "embedded" else SKEW_SECONDS) * 1_000_000_000
 
 
 def _logged_documents(store: Any, collection: str, state: IndexState, rev: str,
-                      now_ns: int) -> tuple[set[str], int] | None:
-    """The documents the change log names since the index's position, and the time of the record announcing
-    `rev`; None when the log cannot be trusted to name every change (see the module docstring): it must hold
-    the record of the index's own revision too, else the log does not continue from the index (the store was
-    restored from a backup older than the index: the next write's record announced the current revision and
-    only its documents were re-applied, the restore-undone text stayed in the index)."""
-    skew = (EMBEDDED_SKEW_SECONDS if store.kind == "embedded" else SKEW_SECONDS) * 1_000_000_000
+                      now_ns: int) -> tuple[set[str], int, list[dict[str, Any]], int] | None:
+    """The documents the change log names since the index's position (those of records it already applied
+    left out), the time of the record announcing `rev`, the records read and how many were skipped; None when
+    the log cannot be trusted to name every change (see the module docstring): it must hold the record of the
+    index's own revision too, else the log does not continue from the index (the store was restored from a
+    backup older than the index: the next write's record announced the current revision and only its
+    documents were re-applied, the restore-undone text stayed in the index), and likewise every record the
+    index remembers as applied."""
+    skew = _skew_ns(store)
     if not state.log_at or now_ns - state.log_at > CHANGE_LOG_SECONDS * 1_000_000_000 - skew:
         return None
-    records = store.changes_since(collection, state.log_at - skew - 1)
+    start = min(state.log_at - skew, state.applied_from or state.log_at)  # every remembered record is after it
+    records = store.changes_since(collection, start - 1)
     at = {announced(r): int(r["at"]) for r in records}
-    if rev not in at or state.revision not in at or _reset_since(records, state.revision):
+    applied = set(state.applied)
+    if rev not in at or state.revision not in at or not applied <= {_record_id(r) for r in records} \
+            or _reset_since(records, state.revision, applied):
         return None
-    return {d for r in records for d in r["documents"]}, at[rev]
+    fresh = [r for r in records if not _skippable(r, applied)]
+    return {d for r in fresh for d in r["documents"]}, at[rev], records, len(records) - len(fresh)
 
 
-def _reset_since(records: list[dict[str, Any]], held: str) -> bool:
+def _record_id(record: dict[str, Any]) -> str:
+    return str(announced(record))[:APPLIED_ID_CHARS]
+
+
+def _skippable(record: dict[str, Any], applied: set[str]) -> bool:
+    """Whether a record's documents need not be read again: the index applied it, and it is still finished.
+    (A store restored from a backup taken mid-write holds the record unfinished, with the manifests from
+    before its flip: read again, the restore-undone documents are re-applied.)"""
+    return _record_id(record) in applied and finished(record)
+
+
+def _applied(records: list[dict[str, Any]], log_at: int, skew: int) -> tuple[tuple[str, ...], int]:
+    """The records a catch-up remembers as applied: those it read before reading the manifests, finished when
+    read (their flips were then in the manifests it compared), stamped inside the next catch-up's window
+    (`log_at` - skew on); the newest MAX_APPLIED. A record read before its write flipped (a server has no
+    read gate) is not finished, so the next catch-up reads its documents again, as does one that lands
+    late (clock skew: stamped inside the window, written after this catch-up)."""
+    start = log_at - skew
+    done = [r for r in records if int(r["at"]) >= start and finished(r)][-MAX_APPLIED:]
+    return tuple(_record_id(r) for r in done), (start if done else 0)
+
+
+def _new_state(store: Any, rev: str, log_at: int, collection_id: str, records: list[dict[str, Any]]) -> IndexState:
+    applied, applied_from = _applied(records, log_at, _skew_ns(store))
+    return IndexState(rev, log_at, collection_id, applied, applied_from)
+
+
+def _reset_since(records: list[dict[str, Any]], held: str, applied: set[str]) -> bool:
     """Whether a reset record (`log_reset`: a change the log cannot name, e.g. `kb reindex`) other than the one
-    announcing the index's own revision `held` is among `records`. Any reset in the window counts, even one
-    stamped a little before `held`'s record: under clock skew between server writers its time cannot say it
-    came first, and a missed reset would leave the index stale; a needless full diff only costs time (so
-    writes within the skew window after a reset, 2 s embedded and 5 min on a server, each cost one)."""
-    return any(r.get("reset") and r["reset"] != held for r in records)
+    announcing the index's own revision `held`, and not one the index already applied (a full diff read it),
+    is among `records`. Any reset in the window counts, even one stamped a little before `held`'s record:
+    under clock skew between server writers its time cannot say it came first, and a missed reset would leave
+    the index stale; a needless full diff only costs time."""
+    return any(r.get("reset") and r["reset"] != held and not _skippable(r, applied) for r in records)
 
 
-def _announced_at(store: Any, collection: str, rev: str, now_ns: int) -> int:
-    """When the change record announcing `rev` was written (the whole log read: builds and full diffs only), so
-    the next catch-up finds the index's revision in the log; `now_ns` if no record announced it (a bump by a
-    writer of a version before reset records: the next catch-up is a full diff again)."""
-    records = store.changes_since(collection, now_ns - CHANGE_LOG_SECONDS * 1_000_000_000)
+def _whole_log(store: Any, collection: str, now_ns: int) -> list[dict[str, Any]]:
+    """Every change record kept (CHANGE_LOG_SECONDS): builds and full diffs only."""
+    return store.changes_since(collection, now_ns - CHANGE_LOG_SECONDS * 1_000_000_000)
+
+
+def _announced_at(records: list[dict[str, Any]], rev: str, now_ns: int) -> int:
+    """When the change record announcing `rev` was written, so the next catch-up finds the index's revision
+    in the log; `now_ns` if no record announced it (a bump by a writer of a version before reset records:
+    the next catch-up is a full diff again)."""
     return next((int(r["at"]) for r in records if announced(r) == rev), now_ns)
 
 

@@ -36,6 +36,9 @@ CHANGE = "change"      # one write's documents and the revision it bumps to, or 
 #: the last day (a busy day of 5,000 batch writes is ~5,000 small records). A keyword index that last caught up
 #: longer ago than this (or whose revision no record names) falls back to the full manifest diff.
 CHANGE_LOG_SECONDS = 24 * 3600
+#: Change records this Store logged whose write has not bumped yet (`_done_mark` marks them then): one per write
+#: in flight in this process; past this many (writes that raised before their bump) the memory is dropped.
+MAX_UNFINISHED_CHANGES = 1000
 
 
 def document_key(collection: str, document: str) -> str:
@@ -145,7 +148,11 @@ class RegistryMixin:
         A fresh random token, not a counter: two writers on a Chroma server cannot lose a bump by both reading
         N and writing N+1. Caches only ever compare it for equality."""
         rev = rev or self.log_reset(collection)
-        self.registry_put({revision_key(collection): {"revision": rev}}, REVISION, collection)
+        rows = {revision_key(collection): ({"revision": rev}, {"record": REVISION, "collection": collection}),
+                **self._done_mark(rev)}  # one upsert: the mark costs no extra round trip or SQLite commit
+        self.meta.upsert(ids=list(rows), embeddings=[[1.0]] * len(rows),
+                         documents=[json.dumps(doc, sort_keys=True) for doc, _ in rows.values()],
+                         metadatas=[meta for _, meta in rows.values()])
         return rev
 
     # -- the change log: which documents each write touched (search/keyword_sync.py reads it) -------
@@ -154,8 +161,25 @@ class RegistryMixin:
         to (`bump_revision(collection, rev)`). Written before the write's first step, so every manifest
         change is named by a record older than the revision that publishes it."""
         rev = uuid.uuid4().hex
-        self._append_change(collection, {"revision": rev, "documents": sorted(set(documents))})
+        key, record = self._append_change(collection, {"revision": rev, "documents": sorted(set(documents))})
+        logged = self.__dict__.setdefault("_logged_changes", {})
+        if len(logged) >= MAX_UNFINISHED_CHANGES:  # writes that raised before their bump: never marked done
+            logged.clear()
+        logged[rev] = (collection, key, record)
         return rev
+
+    def _done_mark(self, rev: str) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+        """{key: (record, metadata)} of the change record announcing `rev` marked done (`"done": true`; empty if
+        this Store did not log it), written with the revision bump: its write has flipped its manifests. Why: a
+        catch-up may read a record before its write flips (a server has no read gate); it remembers as applied
+        only records marked done when read (search/keyword_sync.py), so a record read mid-write is read again.
+        A writer killed before its bump, or of an older version, leaves the record unmarked: it is then read
+        again by every catch-up of the skew window, as before."""
+        entry = self.__dict__.get("_logged_changes", {}).pop(rev, None)
+        if entry is None:
+            return {}
+        collection, key, record = entry
+        return {key: ({**record, "done": True}, {"record": CHANGE, "collection": collection, "at": record["at"]})}
 
     def log_reset(self, collection: str) -> str:
         """Record a change the log cannot name document by document (`kb reindex`'s swap, a restored reindex
@@ -172,17 +196,19 @@ class RegistryMixin:
         self._append_change(collection, {"reset": rev, "documents": []})
         return rev
 
-    def _append_change(self, collection: str, record: dict[str, Any]) -> None:
+    def _append_change(self, collection: str, record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Write one change record stamped now, and prune records older than CHANGE_LOG_SECONDS (`at` is a
-        number so Chroma's `where` can compare it)."""
+        number so Chroma's `where` can compare it); returns its key and the record."""
         at = time.time_ns()
         record = {**record, "at": at}
-        self.meta.upsert(ids=[change_key(collection, at)], embeddings=[[1.0]], documents=[json.dumps(record)],
+        key = change_key(collection, at)
+        self.meta.upsert(ids=[key], embeddings=[[1.0]], documents=[json.dumps(record)],
                          metadatas=[{"record": CHANGE, "collection": collection, "at": at}])
         cutoff = at - CHANGE_LOG_SECONDS * 1_000_000_000
         # Every collection's expired records at once: a filter on `collection` made Chroma scan that collection's
         # manifests too (~0.4 s per write at 100k documents); record + time alone touches only change records.
         self.meta.delete(where={"$and": [{"record": CHANGE}, {"at": {"$lt": cutoff}}]})
+        return key, record
 
     def changes_since(self, collection: str, after_ns: int) -> list[dict[str, Any]]:
         """The change records of `collection` stamped after `after_ns`, oldest first."""
@@ -200,8 +226,14 @@ def announced(record: dict[str, Any]) -> str | None:
     return record.get("revision") or record.get("reset")
 
 
+def finished(record: dict[str, Any]) -> bool:
+    """Whether the change a record names is in the store: a write's record once marked done (`_done_mark`,
+    after its flip and bump); a reset's always (`bump_revision` logs it after the change it announces)."""
+    return bool(record.get("done") or record.get("reset"))
+
+
 __all__ = [
     "CHANGE", "CHANGE_LOG_SECONDS", "DOCUMENT", "HISTORY", "INTENT", "META_COLLECTION", "PROJECT", "RESERVED_PREFIX",
     "REVISION", "RegistryMixin",
-    "announced", "change_key", "document_key", "history_key", "intent_key", "project_key", "revision_key",
+    "announced", "change_key", "document_key", "finished", "history_key", "intent_key", "project_key", "revision_key",
 ]
