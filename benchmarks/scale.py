@@ -13,6 +13,8 @@ re-embedding). Then, in order:
   4. another process adds one document (`kb add-research`'s path, real model), then this process's next keyword
      query: its catch-up mode, documents touched, index entries and bytes of state written, and time;
   5. a new process's first keyword query after that write (someone already caught up: open + query).
+With --freshness ROUNDS, only: the next keyword and hybrid query 0, 1, 3 and 6 s after another process's write,
+with and without the freshness watcher (search/freshness.py), alternated; and the watcher's idle CPU.
 Figures: benchmarks/SCALE.md.
 """
 
@@ -145,13 +147,102 @@ def after_write(c, store: Path) -> dict:
                           "seconds": round(x.seconds, 4)} for x in done]}
 
 
+#: Seconds between another process's commit and the next query (--freshness).
+FRESHNESS_DELAYS = (0.0, 1.0, 3.0, 6.0)
+#: How long the watcher's idle cost is sampled (seconds of wall time, nothing written).
+IDLE_SECONDS = 30.0
+
+
+def next_query_after_write(c, store: Path, mode: str, delay: float, watch: bool) -> dict:
+    """Another process writes one document; `delay` s after it returns, this process's next `mode` query."""
+    from research_agent.search.freshness import FreshnessWatcher
+    from research_agent.search.service import query_knowledge
+
+    watcher = FreshnessWatcher(c)
+    if watch:
+        watcher.start()
+    try:
+        write_s = float(child(CHILD_WRITE, str(store), COLLECTION))
+        time.sleep(delay)
+        reopens, t = c.store.reopens, time.perf_counter()
+        with c.store.session():
+            res = query_knowledge(c, "tardigrades vacuum", collections=[COLLECTION], mode=mode, rerank=False)
+        took = time.perf_counter() - t
+    finally:
+        watcher.stop()
+    return {"mode": mode, "delay_s": delay, "watcher": watch, "next_query_s": round(took, 3), "rss_mb": rss_mb(),
+            "write_s": round(write_s, 2), "reopened_by_query": c.store.reopens > reopens,
+            "found": bool(res.results) and "tardigrades" in res.results[0].content}
+
+
+def rss_mb() -> int:
+    """This process's resident memory now (MB)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1_000_000
+
+
+def watcher_idle_cpu(c) -> dict:
+    """CPU time this process spends over IDLE_SECONDS with and without the watcher, nothing written."""
+    from research_agent.search.freshness import FreshnessWatcher
+
+    out = {}
+    for watch in (False, True):
+        watcher = FreshnessWatcher(c)
+        if watch:
+            watcher.start()
+        cpu = time.process_time()
+        time.sleep(IDLE_SECONDS)
+        out["cpu_pct_watcher" if watch else "cpu_pct_none"] = round(
+            100 * (time.process_time() - cpu) / IDLE_SECONDS, 3)
+        watcher.stop()
+    return out
+
+
+#: The run stops when this process holds more (MB): each reopen of a 1M store's client costs memory (a run
+#: without this limit was killed by the OOM killer at 19 GB on a shared 24 GB machine).
+RSS_LIMIT_MB = 9000
+
+
+def freshness(store: Path, rounds: int, delays: tuple[float, ...] = FRESHNESS_DELAYS) -> dict:
+    """The next query after another process's write, keyword and hybrid, with and without the freshness
+    watcher, at each of FRESHNESS_DELAYS, alternated in one run (search/freshness.py)."""
+    from research_agent.container import build_container
+    from research_agent.search.service import query_knowledge
+
+    c = build_container(store=str(store))
+    with c.store.session():
+        for mode in ("keyword", "hybrid"):
+            query_knowledge(c, "warm up", collections=[COLLECTION], mode=mode, rerank=False)
+    rows = []
+    for _ in range(rounds):
+        for delay in delays:
+            for mode in ("keyword", "hybrid"):
+                for watch in (True, False):
+                    if rss_mb() > RSS_LIMIT_MB:
+                        log(f"stopped: {rss_mb()} MB resident")
+                        return {"rows": rows, "stopped_at_mb": rss_mb(), "load_average": os.getloadavg()}
+                    rows.append(next_query_after_write(c, store, mode, delay, watch))
+                    log(json.dumps(rows[-1]))
+    return {"chunks_store": str(store), "rows": rows, "idle": watcher_idle_cpu(c),
+            "load_average": os.getloadavg()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", type=int, default=100_000)
     ap.add_argument("--store", default=None)
     ap.add_argument("--queries", type=int, default=100)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--freshness", type=int, default=0, metavar="ROUNDS",
+                    help="only the next query after another process's write, with and without the watcher")
+    ap.add_argument("--delays", default=",".join(f"{d:g}" for d in FRESHNESS_DELAYS),
+                    help="seconds between the write and the next query (--freshness), comma-separated")
     args = ap.parse_args()
+    if args.freshness:
+        store = Path(args.store or ROOT / "benchmarks" / ".cache" / "scale" / str(args.chunks))
+        delays = tuple(float(d) for d in args.delays.split(","))
+        print(json.dumps(freshness(store, args.freshness, delays), indent=None if args.json else 2))
+        return 0
     from keyword_engines import judged_queries
     from research_agent.container import build_container
     from research_agent.search import keyword_sync

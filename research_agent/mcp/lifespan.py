@@ -15,6 +15,7 @@ import anyio
 from fastmcp.server.middleware import Middleware, MiddlewareContext
 
 from research_agent.container import Container
+from research_agent.search.freshness import FreshnessWatcher
 
 log = logging.getLogger("research_agent.mcp")
 
@@ -231,6 +232,9 @@ class ServerState:
         self.jobs: dict[str, dict[str, Any]] = {}
         self._history = ThreadPoolExecutor(max_workers=1, thread_name_prefix="query-history")
         self._last_history: Future[Any] | None = None
+        # Another process's commit is caught up on notice, not by the next query (search/freshness.py).
+        self.freshness = FreshnessWatcher(served)
+        self.freshness.start()
 
     def record_query(self, result: dict[str, Any]) -> None:
         """Append to the query history off the response path (it takes the store's write lock)."""
@@ -254,6 +258,7 @@ class ServerState:
                 pass
 
     def close(self) -> None:
+        self.freshness.stop()
         self.warmup.cancel()
         self._history.shutdown(wait=True)
         self.container.close()

@@ -130,6 +130,13 @@ _open: dict[tuple[str, str, tuple[int, int]], KeywordIndex] = {}
 _open_lock = threading.Lock()
 _catch_up_locks: dict[tuple[str, str, tuple[int, int]], threading.Lock] = {}
 
+
+def opened_collection_ids(location: str) -> set[str]:
+    """Chroma ids of the collections of the store at `location` this process has a keyword index open for (every
+    keyword and hybrid query opens one): what the freshness watcher (search/freshness.py) warms."""
+    with _open_lock:
+        return {key[1] for key in _open if key[0] == location}
+
 #: The bm25s design's saved folders and half-written saves (removed on first open), and Chroma collection ids.
 _OLD_BM25S = re.compile(r"[\w.-]+-w\d+\.\d+-a\d+-bm25s[\w.+-]+|\.tmp-[0-9a-f]{32}")
 #: tantivy index folders (and their lock files) by analyzer/layout version: older ones are removed.

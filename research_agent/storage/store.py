@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from pathlib import Path
 from typing import Any
 
 from research_agent.config import Settings
 from research_agent.errors import CollectionError, ConfigError, StoreUnavailableError
+from research_agent.storage.generation import GenerationMixin
 from research_agent.storage.locks import LockingMixin, ReadGate, SharedExclusiveLock
 from research_agent.storage.registry import RESERVED_PREFIX, RegistryMixin
 from research_agent.storage.swaps import BACKUP_PREFIX, SwapMixin, swap_target
@@ -34,6 +34,8 @@ SCHEMA_VERSION = 1
 REQUEST_TIMEOUT = 120.0
 _NAME_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9._-]{1,510})[a-zA-Z0-9]$")
 MAX_NAMES = 500  # collection names accepted in one call
+
+
 
 
 def validate_name(name: str, what: str = "collection") -> str:
@@ -131,7 +133,7 @@ def import_client_library() -> None:
     import chromadb  # noqa: F401
 
 
-class Store(LockingMixin, SwapMixin, RegistryMixin):
+class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
     """One Chroma client per process; writers take a cross-process lock in embedded mode.
 
     Threads (the MCP server's tool calls) use the client inside `session()`. Reopening the client to
@@ -144,6 +146,10 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
         self._client: Any = None
         self._meta: Any = None
         self._generation: str | None = None
+        self.reopens = 0  # clients reopened to see another process's commit (search/freshness.py watches it)
+        self._warmed = threading.Event()  # clear while the freshness watcher reopens and warms (`warming`)
+        self._warmed.set()
+        self._warmer: int | None = None
         self._lock = threading.RLock()  # this process's writers, one at a time
         self._connect_lock = threading.RLock()  # building the client; never held while waiting for others
         self._use = SharedExclusiveLock()
@@ -231,46 +237,11 @@ class Store(LockingMixin, SwapMixin, RegistryMixin):
         return ConfigError(f"Cannot open the store at {self.settings.store}: {exc.strerror}",
                            guidance="Pass a writable --store PATH.")
 
-    # -- other processes' writes: each commit writes a new generation (LockingMixin._open_gate) ---------------
-    def refresh(self) -> None:
-        """See writes committed by other processes (Chroma caches one system per path)."""
-        if self.settings.server_mode or self._client is None or getattr(self._local, "shared", 0):
-            return  # inside a session the refresh happened on entry
-        if self._read_generation() == self._generation:
-            return
-        self._use.acquire_exclusive()
-        try:
-            self._reopen_if_stale()
-        finally:
-            self._use.release_exclusive()
-
-    def _reopen_if_stale(self) -> None:
-        # Called with exclusive use: no other thread is inside a Chroma call.
-        if self._client is None or self._read_generation() == self._generation:
-            return
-        from chromadb.api.shared_system_client import SharedSystemClient
-
-        with self._connect_lock:
-            log.debug("store changed on disk; reopening the Chroma client")
-            SharedSystemClient.clear_system_cache()
-            self._client = None
-            self._meta = None
-            self._client = self._connect()
-
     def close(self) -> None:
         with self._connect_lock:
             self._client = None
             self._meta = None
 
-    @property
-    def _generation_path(self) -> Path:
-        return self.settings.store / ".generation"
-
-    def _read_generation(self) -> str | None:
-        try:
-            return self._generation_path.read_text()
-        except OSError:
-            return None
 
     # -- Chroma collections -------------------------------------------------------------------
     def _get_raw(self, name: str) -> Any:
