@@ -5,8 +5,11 @@ Usage:
   .venv/bin/python benchmarks/ingest.py [--files 2600] [--repeats 1] [--sequential] [--json]
   .venv/bin/python benchmarks/ingest.py --rss-files 600,2600     # peak RSS of `kb add-folder` at two sizes
 
-~3.9 chunks a file: 2,600 files are ~10k chunks. The stage times are busy seconds summed over threads (the
+~3.9 chunks a file: 2,600 files are 10,010 chunks. The stage times are busy seconds summed over threads (the
 overlapped pipeline runs parse, encode and write at once, so they add up to more than the wall time).
+Wall and process CPU seconds are both reported, with the load as each phase starts: on a shared machine the load
+can change between the ingest and the encode (10k chunks: wall ratio 0.17 with the encode at load 9-27, 2.13 with
+the ingest at load 5 and the encode at 2), and then neither ratio holds (CPU seconds grow with contention too).
 `--sequential` runs the one-thread path (research_agent.ingest.service.OVERLAP = False) for comparison.
 The peak RSS of `kb add-folder` is each CLI process's own (os.wait4), measured in a fresh store per size.
 """
@@ -116,9 +119,14 @@ class PeakRss:
         self._thread.join()
 
 
+CPU_S: list[float] = []  # process CPU seconds (all threads) of each timed() call, in order
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    t = time.perf_counter()
+    """Wall seconds and result of fn(); its process CPU seconds (all threads) go to CPU_S."""
+    t, cpu = time.perf_counter(), time.process_time()
     out = fn()
+    CPU_S.append(time.process_time() - cpu)
     return time.perf_counter() - t, out
 
 
@@ -155,22 +163,31 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
     c.embedder.embed_query("warm up")
     c.embedder.embed_documents(["warm up"])  # documents go through torch, loaded on first use: not ingest time
     stages = instrument(c)
-    ingest_s, encode_s, rss = [], [], []
+    ingest_s, encode_s, rss, loads, ingest_cpu, encode_cpu = [], [], [], [], [], []
     for r in range(args.repeats):  # ingest and encode alternate, so both see the same load
         name = f"bench{r}"
         collections.create_collection(c, name)
-        with PeakRss() as peak:
+        load = [os.getloadavg()[0]]  # 1-minute load as each phase starts and after the last: a shared machine's
+        with PeakRss() as peak:  # load can change between the two phases (the ratio is only as good as it)
             seconds, first = timed(lambda: ingest.ingest_path(c, corpus, name, recursive=True))
         ingest_s.append(seconds)
+        ingest_cpu.append(CPU_S[-1])
         rss.append(peak.peak)
         busy = dict(stages.seconds)
         stages.seconds.clear()
+        print(f"repeat {r}: ingest {seconds:.1f} s ({CPU_S[-1]:.0f} CPU s), {first.chunks_written} chunks, "
+              f"stages {dict((k, round(v, 1)) for k, v in busy.items())}", file=sys.stderr, flush=True)
         texts = stored_texts(c, name)
         assert len(texts) == first.chunks_written
+        load.append(os.getloadavg()[0])
         encode_s.append(timed(lambda: encode_all(c, texts))[0])
+        encode_cpu.append(CPU_S[-1])
+        load.append(os.getloadavg()[0])
+        loads.append([round(x, 1) for x in load])
         stages.seconds.clear()
-        print(f"repeat {r}: ingest {ingest_s[-1]:.1f} s, encode {encode_s[-1]:.1f} s, peak RSS {rss[-1]} MB, "
-              f"load {os.getloadavg()[0]:.1f}, stages {dict((k, round(v, 1)) for k, v in busy.items())}",
+        print(f"repeat {r}: ingest {ingest_s[-1]:.1f} s, encode {encode_s[-1]:.1f} s ({CPU_S[-1]:.0f} CPU s), "
+              f"peak RSS {rss[-1]} MB, "
+              f"load (ingest, encode, end) {loads[-1]}, stages {dict((k, round(v, 1)) for k, v in busy.items())}",
               file=sys.stderr, flush=True)
     again_s, again = timed(lambda: ingest.ingest_path(c, corpus, "bench0", recursive=True))
     assert again.unchanged == args.files and again.chunks_written == 0
@@ -179,9 +196,11 @@ def in_process(args: argparse.Namespace) -> dict[str, Any]:
             else "overlapped", "repeats": args.repeats, "ingest_s": round(ingest_m, 2), "encode_s": round(encode_m, 2),
             "ingest_over_encode": round(ingest_m / encode_m, 3),
             "ratios": [round(i / e, 3) for i, e in zip(ingest_s, encode_s)],
+            "cpu_s (ingest, encode)": [[round(i), round(e)] for i, e in zip(ingest_cpu, encode_cpu)],
+            "ingest_over_encode_cpu": round(statistics.median(ingest_cpu) / statistics.median(encode_cpu), 3),
             "stages_busy_s (last ingest)": {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1])},
             "reingest_s": round(again_s, 3), "peak_rss_during_ingest_mb": max(rss),
-            "load_average": [round(x, 2) for x in os.getloadavg()]}
+            "load_at_phases": loads, "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def cli_rss(files: int) -> dict[str, Any]:

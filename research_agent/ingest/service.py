@@ -11,7 +11,7 @@ module (ingest/pipeline.py) once the architecture map names it.
 
 A folder ingest overlaps its stages: a reader thread reads, parses and chunks the next files, an encoder thread
 embeds batch k+1 while the calling thread commits batch k (all Chroma calls stay in the calling thread), so the
-wall time approaches the pure encode time (benchmarks/ingest.py) with at most ~4 batches held in memory.
+wall time approaches the pure encode time (benchmarks/ingest.py) with at most 6 batches held in memory.
 
 The crash tests (tests/test_concurrency.py FAKE_CLI, RA_TEST_KILL_AT) replace the write steps by their names
 on this module (_write_intent, _clear_intent, _ensure_dimension, delete_chunks, delete_documents), so the
@@ -67,8 +67,10 @@ EMBED_SLICE_CHUNKS = 32
 #: before (a candidate setting). False runs the same steps one after another in the calling thread: the path
 #: tests/test_ingest_pipeline.py compares against.
 OVERLAP = True
-#: Batches read ahead of the encoder, and batches embedded (or being embedded) ahead of their commit: with the
-#: one being read, at most 4 x EMBED_BATCH_CHUNKS chunks are held, whatever the folder's size (candidate settings).
+#: Batches read ahead of the encoder, and batches embedded (or being embedded) ahead of their commit. Counted:
+#: at most READ_AHEAD_BATCHES + ENCODED_AHEAD + 3 = 6 batches are alive at once (one the reader hands over, one the
+#: encoder holds while it waits for room, the one just committed), whatever the folder's size
+#: (tests/test_ingest_memory.py; 39 with both set to 1,000). Candidate settings.
 READ_AHEAD_BATCHES = 1
 ENCODED_AHEAD = 2
 #: Seconds the threads of an ingest that ended early (an error, Ctrl-C, a cancelled call) are waited for: the
