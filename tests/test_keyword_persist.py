@@ -232,18 +232,9 @@ def test_pruning_never_deletes_what_is_not_ours_even_through_a_symlink(animals, 
 
 def _write_notes(c, collection: str, n: int) -> None:
     """`n` one-chunk documents in one write (benchmarks/scale.py's path)."""
-    from research_agent.ingest import PreparedDocument, content_hash, write_documents
-    from research_agent.ingest.chunking import chunk_document
-    from research_agent.ingest.parsing import ParsedDocument
+    from test_keyword_window import _write_docs
 
-    docs = []
-    for j in range(n):
-        title, body = f"Note {j:04d}", f"Animal fact number {j:04d}: okapis and narwhals differ."
-        chunks = chunk_document(ParsedDocument(text=body, format="text", title=title), source=f"doc{j:04d}",
-                                max_tokens=c.settings.chunk_max_tokens)[:1]
-        docs.append(PreparedDocument(document=f"doc{j:04d}", title=title, kind="document", source=f"doc{j:04d}",
-                                     content_hash=content_hash(f"{title}\n{body}"), chunks=chunks))
-    write_documents(c, collection, docs)
+    _write_docs(c, collection, range(n))
 
 
 def _catch_up_bytes(c, collection: str, monkeypatch) -> int:
