@@ -82,11 +82,17 @@ def _command() -> Any:
         # is one the settings reject (then they exit 3 with nothing answered before).
         start_early(transport, None if port is None else str(port))
         drop_working_directory_from_path()  # never a workspace's own research_agent package
+        from research_agent.errors import ResearchAgentError
         from research_agent.mcp.app import run
+        from research_agent.mcp.stdio import refuse
 
         state = get_state(ctx)
-        run(transport=transport, host=host, port=port, config_file=state.config_file,
-            settings_overrides={k: v for k, v in state.overrides().items() if v is not None})
+        try:
+            run(transport=transport, host=host, port=port, config_file=state.config_file,
+                settings_overrides={k: v for k, v in state.overrides().items() if v is not None})
+        except ResearchAgentError as exc:  # settings rejected after the front answered `initialize`
+            refuse(exc)
+            raise
 
     return serve
 

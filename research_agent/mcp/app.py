@@ -14,6 +14,7 @@ from research_agent.config import Settings, load_settings
 from research_agent.container import configure_logging
 from research_agent.errors import ResearchAgentError
 from research_agent.mcp import stdio
+from research_agent.mcp.launch import INTERRUPTED_EXIT
 from research_agent.mcp.server import create_server
 
 log = logging.getLogger("research_agent.mcp")
@@ -86,7 +87,8 @@ def main() -> None:
     try:
         run()
     except ResearchAgentError as exc:
+        stdio.refuse(exc)  # requests the early front took in get this error too, not a closed pipe
         sys.stderr.write(json.dumps({"error": exc.to_dict()}) + "\n")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        pass
+        sys.exit(INTERRUPTED_EXIT)  # what shells and the CLI report for Ctrl-C (HTTP too)

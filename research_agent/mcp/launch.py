@@ -1,21 +1,39 @@
-"""Which launches the early stdio front may answer: the transport and port a launch will serve on, checked
-without loading the settings.
+"""How a stdio launch begins and ends: which launches the early front may answer (the transport and port a launch
+will serve on, checked without loading the settings), and how Ctrl-C and a departed client end the process.
 
 Importing the settings (pydantic) costs the front its ~0.03 s lead, so this stdlib-only module keeps what
 research_agent/config.py's Settings accept for `transport` and `port` (tests/test_mcp_startup_cli.py checks they
 are the fields' own). Every entry point's front (mcp_server.py, `research-agent serve`, `python -m research_agent
 serve`) goes through `launch_transport`: a launch the settings will reject (a ConfigError, exit 3) never shows a
-client a handshake first. Other settings are checked when they load, after the early answers.
+client a handshake first. Other settings are checked when they load, after the early answers
+(research_agent/mcp/stdio.py `refuse` then answers the requests received meanwhile).
+
+Ctrl-C (SIGINT) exits INTERRUPTED_EXIT. While serving, asyncio's own handling cancels the session (the lifespan
+closes the store) and `watch_interrupts` arms an exit INTERRUPT_GRACE_SECONDS later, whatever a tool call waits for.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import threading
+from typing import Any
 
 #: What Settings accept (see the module docstring).
 TRANSPORTS = ("stdio", "http")
 PORT_RANGE = (1, 65535)
 ENV_PREFIX = "RESEARCH_AGENT_"
+#: Exit status for Ctrl-C (128 + SIGINT): research_agent/__main__.py's INTERRUPTED_EXIT, which a module of the
+#: MCP face may not import (tests/test_mcp_signals.py checks they are equal).
+INTERRUPTED_EXIT = 130
+#: Seconds a Ctrl-C'd server has to wind down (close the store, finish its history) before it exits anyway: a
+#: tool call waiting for another process's write lock (60 s) would hold the exit up. A write cut short is undone
+#: like a killed writer's (its intent record), as after SIGTERM.
+INTERRUPT_GRACE_SECONDS = 3.0
+
+log = logging.getLogger("research_agent.mcp")
+_interrupts = 0  # Ctrl-Cs received while serving (`watch_interrupts`)
 
 
 def acceptable(option: str, value: str) -> bool:
@@ -40,3 +58,56 @@ def launch_transport(transport: str | None = None, port: str | None = None) -> s
     if not all(acceptable(option, value) for option, value in chosen.items() if value is not None):
         return None
     return chosen["--transport"] or "stdio"
+
+
+def set_interrupt_handler(handler: Any, replacing: Any) -> bool:
+    """Make `handler` SIGINT's handler if the current one is `replacing` (never over an inherited SIG_IGN, nohup's
+    or a background job's, nor over a caller's own handler); False if not, or off the main thread."""
+    try:
+        if signal.getsignal(signal.SIGINT) is not replacing:
+            return False
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        return False
+    return True
+
+
+def watch_interrupts() -> None:
+    """Called in the running event loop, whose SIGINT handler (asyncio's: the first Ctrl-C cancels the session)
+    stays in charge; around it, Ctrl-C also arms an exit INTERRUPT_GRACE_SECONDS later, and a second one exits at
+    once."""
+    loop_handler = signal.getsignal(signal.SIGINT)
+    if not callable(loop_handler):
+        return
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        global _interrupts
+        _interrupts += 1
+        if _interrupts > 1:
+            exit_now(INTERRUPTED_EXIT)
+        exit_later(INTERRUPT_GRACE_SECONDS, INTERRUPTED_EXIT, "interrupted (Ctrl-C)")
+        loop_handler(signum, frame)
+
+    set_interrupt_handler(on_interrupt, loop_handler)
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C reached the server while it served."""
+    return _interrupts > 0
+
+
+def exit_later(seconds: float, code: int, why: str) -> None:
+    """End the process with `code` in `seconds` unless it has ended by itself (a daemon timer)."""
+    def stop() -> None:
+        log.warning("%s %g s ago and the server is still busy: exiting now", why, seconds)
+        exit_now(code)
+
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+
+
+def exit_now(code: int) -> None:
+    """End the process at once (os._exit: no thread is waited for), the log flushed first."""
+    logging.shutdown()
+    os._exit(code)

@@ -11,27 +11,44 @@ FastMCP server on the claimed streams, replaying every line to the SDK, so its s
 middleware see the ordinary session, and dropping the SDK's duplicate answers: a difference is logged, and
 for a list a list_changed notification makes the client list again (a test keeps them equal).
 
-Two more duties of the wire: a line the SDK cannot parse as a JSON-RPC message is answered here (the SDK
+More duties of the wire: a line the SDK cannot parse as a JSON-RPC message is answered here (the SDK
 logs it and sends nothing, so a client waiting on that id would hang), and once the client closes stdin the
-process exits within STDIN_EOF_GRACE_SECONDS, whatever a tool call is still waiting for.
+process exits within STDIN_EOF_GRACE_SECONDS, whatever a tool call is still waiting for. Ctrl-C (SIGINT) ends it
+with INTERRUPTED_EXIT (130), as everywhere else in `research-agent`: at once while only the front answers (nothing
+is open yet), else after the server winds down, at most launch.INTERRUPT_GRACE_SECONDS later. Settings rejected
+once the front has answered (`refuse`): the requests received meanwhile get their error, not a closed pipe.
 
-Only the standard library (and research_agent.mcp.early, which imports only it) is imported at module level:
-this runs before anything heavy.
+Only the standard library (and research_agent.mcp.early and .launch, which import only it) is imported at module
+level: this runs before anything heavy.
+
+Over 400 lines because every duty above shares the claimed descriptors and the Wire's state (what was answered
+early, whether the SDK reads yet); the stateless JSON-RPC line checks (`rejection`, about 75 lines) are the part
+to move out next.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
 import queue
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from research_agent.mcp.early import LIST_CHANGED, REGENERATE, early_response, stored_answers
-from research_agent.mcp.launch import launch_transport
+from research_agent.mcp.launch import (
+    INTERRUPTED_EXIT,
+    exit_later,
+    exit_now,
+    interrupted,
+    launch_transport,
+    set_interrupt_handler,
+    watch_interrupts,
+)
 
 log = logging.getLogger("research_agent.mcp")
 
@@ -40,6 +57,10 @@ log = logging.getLogger("research_agent.mcp")
 #: it alive 143 s. A write cut short here is undone like a killed writer's (its intent record).
 STDIN_EOF_GRACE_SECONDS = 5.0
 PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS = -32700, -32600, -32602
+#: A server refused by its settings (`refuse`) answers the lines its client sent until none came for this long
+#: (0.2 s: a client's writes right after `initialize` are in flight), REFUSAL_WAIT_SECONDS at most.
+REFUSAL_QUIET_SECONDS = 0.2
+REFUSAL_WAIT_SECONDS = 2.0
 #: Lines read ahead while the server loads (then reading waits, as a full pipe would): a bound on memory.
 EARLY_QUEUE_LINES = 1024
 
@@ -123,15 +144,13 @@ class Wire:
     async def received(self) -> Any:
         """Every line the client sent, decoded, in order (those answered early too: the SDK must see the whole
         session), until the client closes stdin. From the first read on, nothing more is answered early."""
-        import anyio
-
         with self._lock:
             self._serving = True
         while True:
             try:
                 line = self.lines.get_nowait()
             except queue.Empty:
-                line = await anyio.to_thread.run_sync(self.lines.get, abandon_on_cancel=True)
+                line = await _in_daemon_thread(self.lines.get)
             if line is None:
                 return
             yield line.decode("utf-8", errors="replace")
@@ -143,6 +162,66 @@ class Wire:
             self._serving = True
         os.dup2(self.out_fd, 1)
         os.dup2(self.in_fd, 0)
+
+    def refuse(self, error: dict[str, Any]) -> None:
+        """Answer every request read so far, and those arriving until REFUSAL_QUIET_SECONDS pass without one,
+        with the JSON-RPC `error`, but those answered early; then stop answering."""
+        import time
+
+        with self._lock:
+            self._serving = True
+        deadline = time.monotonic() + REFUSAL_WAIT_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=min(REFUSAL_QUIET_SECONDS, left))
+            except queue.Empty:
+                return
+            if line is None:
+                return
+            request_id = _request_id(line)
+            if request_id is not None and request_id not in self.answered:
+                reply = {"jsonrpc": "2.0", "id": request_id, "error": error}
+                _write_all(self.out_fd, (json.dumps(reply, separators=(",", ":")) + "\n").encode())
+
+    def finish_line(self) -> None:
+        """Wait (1 s at most: a client that stopped reading may never let it end) for an early answer being
+        written, so a process ending now leaves stdout on a whole line."""
+        self._lock.acquire(timeout=1.0)
+
+
+async def _in_daemon_thread(call: Callable[[], Any]) -> Any:
+    """`call()`'s result, waited for in a daemon thread. An AnyIO worker thread is no daemon, and the interpreter
+    joins those at exit: one blocked reading stdin kept a Ctrl-C'd server alive for ever (finding 5). A wait
+    cancelled meanwhile leaves its thread to end with the process."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    result = loop.create_future()
+
+    def wait() -> None:
+        value = call()
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting any more
+            loop.call_soon_threadsafe(_settle, result, value)
+
+    threading.Thread(target=wait, name="mcp-stdin-wait", daemon=True).start()
+    return await result
+
+
+def _settle(future: Any, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _request_id(line: bytes) -> Any:
+    """The id of a line that is a JSON-RPC request (a string or an integer), else None."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(message, dict) or not isinstance(message.get("method"), str):
+        return None
+    request_id = message.get("id")
+    return request_id if isinstance(request_id, (int, str)) and not isinstance(request_id, bool) else None
 
 
 def _dup_above_std(fd: int) -> int:
@@ -166,14 +245,43 @@ def start_early(transport: str | None = None, port: str | None = None) -> None:
         _early = Wire()
     except OSError:  # no stdin/stdout to claim (closed descriptors): serve() claims them or fails itself
         _early = None
+        return
+    set_interrupt_handler(_stop_at_once, signal.default_int_handler)
 
 
 def release() -> None:
-    """The server will not use stdio: restore fds 0 and 1 if `start_early` claimed them."""
+    """The server will not use stdio: restore fds 0 and 1 if `start_early` claimed them, and Ctrl-C's default."""
     global _early
     if _early is not None:
         _early.release()
         _early = None
+    set_interrupt_handler(signal.default_int_handler, _stop_at_once)
+
+
+def refuse(error: Exception) -> None:
+    """The server will not start: its settings were rejected (a ConfigError, exit 3) after the front had answered
+    `initialize`. Requests the client sent meanwhile get `error` as their JSON-RPC error (-32001, data.guidance
+    naming the setting) instead of a closed pipe; those answered early keep their answers. A no-op when the
+    front did not claim stdio."""
+    global _early
+    wire, _early = _early, None
+    if wire is None:
+        return
+    try:
+        from research_agent.mcp.errors import to_mcp_error
+
+        wire.refuse(to_mcp_error(error).error.model_dump(exclude_none=True))
+    except Exception:  # noqa: BLE001 - the caller reports `error` and exits either way
+        log.exception("could not answer the requests received before the server failed to start")
+
+
+def _stop_at_once(signum: int, frame: Any) -> None:
+    """Ctrl-C while only the early front answers (the server still imports and loads its settings): nothing is
+    open yet (the store opens in the server's lifespan), so the process exits now, after any early answer being
+    written. A KeyboardInterrupt raised in the middle of an import printed a traceback (mcp_server.py)."""
+    if _early is not None:
+        _early.finish_line()
+    exit_now(INTERRUPTED_EXIT)
 
 
 def _error(request_id: Any, code: int, message: str, guidance: str) -> dict[str, Any]:
@@ -300,14 +408,7 @@ class _ReplayStdin:
 
 def exit_after_grace(seconds: float = STDIN_EOF_GRACE_SECONDS) -> None:
     """The client is gone: end the process in `seconds` if it has not ended by itself (a daemon timer)."""
-    def stop() -> None:
-        log.warning("client closed stdin %g s ago and the server is still busy: exiting now", seconds)
-        logging.shutdown()
-        os._exit(0)
-
-    timer = threading.Timer(seconds, stop)
-    timer.daemon = True
-    timer.start()
+    exit_later(seconds, 0, "client closed stdin")
 
 
 class _DedupStdout:
@@ -362,7 +463,13 @@ def serve(server: Any) -> None:
     wire, _early = _early or Wire(), None
     import anyio
 
-    anyio.run(_serve, server, wire)
+    set_interrupt_handler(signal.default_int_handler, _stop_at_once)  # the event loop's handling takes over
+    try:
+        anyio.run(_serve, server, wire)
+    except KeyboardInterrupt:
+        raise SystemExit(INTERRUPTED_EXIT) from None
+    if interrupted():
+        raise SystemExit(INTERRUPTED_EXIT)
 
 
 async def _serve(server: Any, wire: Wire) -> None:
@@ -371,6 +478,7 @@ async def _serve(server: Any, wire: Wire) -> None:
     from fastmcp.server.context import reset_transport, set_transport
     from mcp.server.stdio import stdio_server
 
+    watch_interrupts()  # Ctrl-C: the session is cancelled, and the process ends within a few seconds
     token = set_transport("stdio")
     try:
         # FastMCP.run_stdio_async (fastmcp 4.1.2) with our streams: it offers no parameter for them.
