@@ -471,7 +471,8 @@ def test_stdio_server_exits_promptly_when_stdin_closes_while_waiting_for_the_wri
         s.request(1, "initialize", INIT)
         s.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         s.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                "params": {"name": "manage_collections", "arguments": {"action": "create", "collection_name": "waits"}}})
+                "params": {"name": "manage_collections",
+                           "arguments": {"action": "create", "collection_name": "waits"}}})
         time.sleep(3)  # the call is now waiting for the lock (lock_timeout: 60 s)
         started = time.monotonic()
         s.proc.stdin.close()

@@ -92,6 +92,7 @@ from research_agent.storage.locks import _flock
 from research_agent.storage.registry import (
     CHANGE_LOG_SECONDS,
     DOCUMENT,
+    SCAN_TRIES,
     announced,
     document_key,
     finished,
@@ -331,7 +332,7 @@ def catch_up(c: Container, collection: str, col: Any, index: KeywordIndex) -> Ca
     if state.revision == rev and state.collection == str(col.id):
         return None
     if not index.has_state or state.collection != str(col.id):  # new, or saved before ids were kept
-        done = _build(store, collection, col, index, rev, started)
+        done = _build_retrying(store, collection, col, index, rev, started)
     else:
         done = _update(store, collection, col, index, rev, started)
     done.seconds = time.perf_counter() - t0
@@ -343,20 +344,105 @@ def catch_up(c: Container, collection: str, col: Any, index: KeywordIndex) -> Ca
     return done
 
 
+def _build_retrying(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:
+    """`_build`, started again (up to SCAN_TRIES) if its scan lost its place (`chunks.ChangedMeanwhile`: another
+    process deleted the two pages it last read, e.g. a bulk rewrite through a server); nothing was committed."""
+    for _ in range(SCAN_TRIES - 1):
+        try:
+            return _build(store, collection, col, index, rev, started)
+        except chunk_pages.ChangedMeanwhile as exc:
+            log.info("keyword build of %s scanned again: %s", collection, exc)
+    return _build(store, collection, col, index, rev, started)
+
+
 def _build(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:
-    """A first build: every visible chunk, read page by page (never the whole collection in memory)."""
+    """A first build: every visible chunk, read page by page (never the whole collection in memory), then any
+    chunk a manifest counts that the scan did not give, by id, in the same commit (`_every_chunk`)."""
     records = _whole_log(store, collection, started)  # before the manifests: see _applied
-    current = store.current_versions(collection)
-
-    def visible() -> Iterator[tuple[str, Chunk]]:
-        for cid, text, meta in chunk_pages.records(col, ["documents", "metadatas"]):
-            if chunk_pages.is_visible(meta, current):
-                yield str(meta.get("source_document")), Chunk(cid, text, meta)
-
+    manifests = _manifests(store, collection)
+    current = {d: m["content_hash"] for d, m in manifests.items()}
+    tally = _Tally(collection, manifests)
     state = _new_state(store, rev, _announced_at(records, rev, started), str(col.id), records)
-    written = index.apply([], visible(), state, current, replace_all=True)
-    return CatchUp(collection, "build", sorted(current), written.chunks, entries=written.entries,
+    written = index.apply([], _every_chunk(col, collection, current, tally), state, current, replace_all=True)
+    repaired = _repair(store, collection, col, index, tally, state)
+    return CatchUp(collection, "build", sorted(current), written.chunks + repaired, entries=written.entries,
                    state_bytes=written.state_bytes, manifests=len(current))
+
+
+class _Tally:
+    """Which chunks of each document's current version a build has read, as a bitmask of chunk numbers (the
+    id's last part, registry.chunk_ids) per document: one dict entry per document, keyed by the manifests' own
+    strings, with masks under 256 (documents of <= 8 chunks) Python's shared small ints (~40 MB at 1M
+    documents, where a set of the chunk ids read cost ~100 bytes per chunk). Why: a scan that misses chunks
+    (a Chroma server's offsets shift under other writers' deletes, finding 1) made the build give a document
+    its current hash with chunks missing, and no later catch-up read it again; the build now knows, before it
+    commits, which chunks it lacks."""
+
+    def __init__(self, collection: str, manifests: dict[str, dict[str, Any]]) -> None:
+        self.collection, self.manifests = collection, manifests
+        self.masks: dict[str, int] = dict.fromkeys(manifests, 0)
+        self.unnumbered: dict[str, int] = {}  # chunks whose id is not chunk_ids' form (hand-made stores)
+
+    def take(self, doc: str, cid: str) -> bool:
+        """Count a chunk read; False if it was read already (never added twice)."""
+        number = _chunk_number(cid)
+        if number is None:
+            self.unnumbered[doc] = self.unnumbered.get(doc, 0) + 1
+            return True
+        mask = self.masks.get(doc, 0)
+        if mask >> number & 1:
+            return False
+        self.masks[doc] = mask | 1 << number
+        return True
+
+    def short(self) -> dict[str, list[str]]:
+        """{document: ids of its current chunks not read} for documents with fewer chunks read than counted."""
+        out = {}
+        for doc, m in self.manifests.items():  # a manifest without chunk_count (hand-made) cannot be checked
+            mask = self.masks.get(doc, 0)
+            if mask.bit_count() + self.unnumbered.get(doc, 0) < int(m.get("chunk_count") or 0):
+                out[doc] = [cid for i, cid in enumerate(version_ids(self.collection, [m])) if not mask >> i & 1]
+        return out
+
+
+def _chunk_number(cid: str) -> int | None:
+    tail = cid.rpartition("-")[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def _every_chunk(col: Any, collection: str, current: dict[str, str], tally: _Tally) -> Iterator[tuple[str, Chunk]]:
+    """(document, chunk) of every visible chunk: the scan, then the chunks it missed, by id."""
+    for cid, text, meta in chunk_pages.records(col, ["documents", "metadatas"]):
+        doc = str(meta.get("source_document"))
+        if chunk_pages.is_visible(meta, current) and tally.take(doc, cid):
+            yield doc, Chunk(cid, text, meta)
+    missing = [cid for ids in tally.short().values() for cid in ids]
+    if missing:
+        log.info("keyword build of %s: %d chunks the scan did not give, read by id", collection, len(missing))
+    for cid, text, meta in chunk_pages.records(col, ["documents", "metadatas"], ids=missing):
+        doc = str(meta.get("source_document"))
+        if chunk_pages.is_visible(meta, current) and tally.take(doc, cid):
+            yield doc, Chunk(cid, text, meta)
+
+
+def _repair(store: Any, collection: str, col: Any, index: KeywordIndex, tally: _Tally, state: IndexState) -> int:
+    """Re-apply, from their manifests now, the documents the build still lacks chunks of because they changed
+    or went after it read their manifests (the old version's chunks are deleted); returns chunks added. The
+    change log names them too, so a kill before this commit only leaves them to the next catch-up. A document
+    whose manifest did not change yet lacks chunks is damaged in the store (`doctor` finds it): left as read."""
+    short = tally.short()
+    if not short:
+        return 0
+    now = _manifests(store, collection, set(short))
+    changed = sorted(d for d in short if d not in now or now[d]["content_hash"] != tally.manifests[d]["content_hash"])
+    if len(changed) < len(short):
+        log.warning("keyword build of %s: %d documents lack chunks in the store", collection,
+                    len(short) - len(changed))
+    if not changed:
+        return 0
+    versions = {d: now[d]["content_hash"] for d in changed if d in now}
+    written = index.apply(changed, _current_chunks(col, collection, [now[d] for d in versions]), state, versions)
+    return written.chunks
 
 
 def _update(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:

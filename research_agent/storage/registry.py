@@ -39,6 +39,10 @@ CHANGE_LOG_SECONDS = 24 * 3600
 #: Change records this Store logged whose write has not bumped yet (`_done_mark` marks them then): one per write
 #: in flight in this process; past this many (writes that raised before their bump) the memory is dropped.
 MAX_UNFINISHED_CHANGES = 1000
+#: Whole scans a find makes before it gives up: a scan fails only when every record of the two pages it last
+#: read was deleted meanwhile (`chunks.ChangedMeanwhile`: 10,000 deletes behind it at once), so a second is
+#: nearly always enough.
+SCAN_TRIES = 3
 
 
 def document_key(collection: str, document: str) -> str:
@@ -110,7 +114,21 @@ class RegistryMixin:
         where: dict[str, Any] = {"record": record}
         if collection is not None:
             where = {"$and": [where, {"collection": collection}]}
-        return {rid: json.loads(doc) for rid, doc in chunks.records(self.meta, ["documents"], where=where)}
+        return self._scan(where)
+
+    def _scan(self, where: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:
+        """{key: record} of every record matching `where` (and whose key starts with `prefix`), scanned again
+        (up to SCAN_TRIES) if another process deleted a whole page behind the scan."""
+        def read() -> dict[str, dict[str, Any]]:
+            return {rid: json.loads(doc) for rid, doc in chunks.records(self.meta, ["documents"], where=where)
+                    if str(rid).startswith(prefix)}
+
+        for _ in range(SCAN_TRIES - 1):
+            try:
+                return read()
+            except chunks.ChangedMeanwhile:
+                continue
+        return read()
 
     def registry_put(self, records: dict[str, dict[str, Any]], record: str, collection: str | None = None) -> None:
         if not records:
@@ -216,9 +234,7 @@ class RegistryMixin:
         # scanned every manifest of the collection (0.415 s of a 0.54 s catch-up at 100k documents, 0.017 s now).
         where = {"$and": [{"record": CHANGE}, {"at": {"$gt": int(after_ns)}}]}
         prefix = f"{CHANGE}:{collection}:"  # names cannot hold ':' (validate_name), so the prefix is exact
-        found = [json.loads(doc) for rid, doc in chunks.records(self.meta, ["documents"], where=where)
-                 if str(rid).startswith(prefix)]
-        return sorted(found, key=lambda r: r["at"])
+        return sorted(self._scan(where, prefix).values(), key=lambda r: r["at"])
 
 
 def announced(record: dict[str, Any]) -> str | None:
