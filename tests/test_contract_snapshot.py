@@ -34,6 +34,7 @@ from research_agent.mcp.errors import (
     to_mcp_error,
 )
 from research_agent.mcp.surface import live_surface
+from research_agent.storage.chunks import ChangedMeanwhile
 
 SNAPSHOTS = Path(__file__).parent / "fixtures" / "contract"
 UPDATE = os.environ.get("UPDATE_CONTRACT") == "1"
@@ -99,6 +100,7 @@ ERROR_TABLE = [  # (class, JSON-RPC code, CLI exit code)
     (errors.DocumentError, -32003, 5),
     (errors.QueryError, -32004, 6),
     (embeddings.HubUnreachableError, -32001, 3),
+    (ChangedMeanwhile, -32001, 3),  # a scan lost its place to another machine's deletes: retryable
 ]
 
 

@@ -342,11 +342,11 @@ def status_report(console: Console, s: Any) -> None:
 
 def doctor_report(console: Console, r: Any) -> None:
     table = Table(title="Store check", title_justify="left", title_style="bold")
-    for col in ("collection", "documents", "chunks", "orphan chunks", "incomplete documents"):
+    for col in ("collection", "documents", "chunks", "orphan chunks", "incomplete documents", "unfinished writes"):
         table.add_column(col)
     for ch in r.collections:
         table.add_row(escape(ch.collection), str(ch.documents), str(ch.chunks), str(ch.orphan_chunks),
-                      escape(", ".join(ch.incomplete_documents) or "-"))
+                      escape(", ".join(ch.incomplete_documents) or "-"), str(ch.unfinished_writes))
     console.print(table)
     for item in r.leftovers:
         console.print(f"[yellow]leftover: {escape(item)}[/yellow]")

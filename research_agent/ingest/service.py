@@ -50,7 +50,7 @@ from research_agent.ingest.prepare import (
     source_name,
     version_ids,
 )
-from research_agent.storage import writer
+from research_agent.storage import swaps, writer
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -643,19 +643,21 @@ def reindex_collection(c: Container, collection: str, progress: ProgressFn | Non
 
     The whole run holds the write lock, taken before the manifests are read: a batch another process
     committed between that read and the lock died with the old collection and was called "unchanged"
-    forever after (issue 11 item 4). A kill at any step is recovered by `Store.recover_swaps`.
+    forever after (issue 11 item 4). A kill at any step is recovered by `Store.recover_swaps`. On a Chroma
+    server the write lock is this process's only, so the run also holds a reindex lease that other writers
+    honour, and catches up before and after the swap with whatever was written anyway (`_server_catch_up`).
     """
     started = time.perf_counter()
     c.store.refresh()
     open_collection(c, collection, check_model=False)  # fail fast on an unknown name
     embedder = c.embedder  # loaded before the lock: other writers need not wait for the model
-    notify = progress or (lambda p: None)
-    with c.store.write_lock():
+    lease: Any = (swaps.ReindexLease(c.store, collection, stale_intent_seconds=STALE_INTENT_SECONDS)
+                  if c.settings.server_mode else _NoLease())
+    with c.store.write_lock(), lease:
         c.store.recover_swaps(only=collection)
         old = open_collection(c, collection, check_model=False)
         recover_interrupted(c, collection, old)
         manifests = c.store.registry_find("document", collection)
-        total = sum(int(m["chunk_count"]) for m in manifests.values())
         report = IngestReport(collection=collection, files_seen=len(manifests))
         meta = {k: v for k, v in (old.metadata or {}).items() if not k.startswith("hnsw:")}
         meta.update(embedding_model=c.settings.embedding_model, embedding_backend=c.settings.embedding_backend,
@@ -663,24 +665,71 @@ def reindex_collection(c: Container, collection: str, progress: ProgressFn | Non
         # A new dimension needs a new Chroma collection: fill a working copy, then swap names.
         new = c.store.create_swap_copy(collection, meta)
         try:
-            for done, m in enumerate(manifests.values(), start=1):
-                got = old.get(ids=version_ids(collection, [m]), include=["documents", "metadatas"])
-                _reembed(embedder, got, new, lambda chunks: notify(IngestProgress(
-                    stage="embedding", files_done=done - 1, files_total=len(manifests),
-                    chunks_done=report.chunks_written + chunks, chunks_total=total, current=m["document"],
-                    files_progress=done - 1 + chunks / len(got["ids"]))))
-                report.chunks_written += len(got["ids"])
-                report.updated += 1
-                notify(IngestProgress(stage="reindexing", files_done=done, files_total=len(manifests),
-                                      chunks_done=report.chunks_written, chunks_total=total, current=m["document"],
-                                      files_progress=done))
+            _copy_all(embedder, collection, manifests, old, new, report, progress or (lambda p: None), lease)
+            settle = (_server_catch_up(c, collection, manifests, old, new, lease) if c.settings.server_mode
+                      else None)
         except BaseException:
             c.store.delete_collection(new.name)
             raise
-        c.store.swap_in(old, new, collection)
+        c.store.swap_in(old, new, collection, settle)
         c.store.bump_revision(collection)
     report.seconds = round(time.perf_counter() - started, 3)
     return report
+
+
+class _NoLease(contextlib.nullcontext):
+    """Embedded mode: the store's file write lock keeps every other writer out; nothing to renew."""
+
+    def renew(self) -> None:
+        return None
+
+
+def _copy_all(embedder: Any, collection: str, manifests: dict[str, dict[str, Any]], old: Any, new: Any,
+              report: IngestReport, notify: ProgressFn, lease: Any) -> None:
+    """Re-embed each manifest's chunks from `old` into `new`, telling progress and renewing the lease."""
+    total = sum(int(m["chunk_count"]) for m in manifests.values())
+    for done, m in enumerate(manifests.values(), start=1):
+        got = old.get(ids=version_ids(collection, [m]), include=["documents", "metadatas"])
+        _reembed(embedder, got, new, lambda chunks: notify(IngestProgress(
+            stage="embedding", files_done=done - 1, files_total=len(manifests),
+            chunks_done=report.chunks_written + chunks, chunks_total=total, current=m["document"],
+            files_progress=done - 1 + chunks / len(got["ids"]))))
+        report.chunks_written += len(got["ids"])
+        report.updated += 1
+        notify(IngestProgress(stage="reindexing", files_done=done, files_total=len(manifests),
+                              chunks_done=report.chunks_written, chunks_total=total, current=m["document"],
+                              files_progress=done))
+        lease.renew()
+
+
+def _server_catch_up(c: Container, collection: str, manifests: dict[str, dict[str, Any]], old: Any, new: Any,
+                     lease: swaps.ReindexLease) -> Callable[[], None]:
+    """Copy into `new` what other processes wrote to `old` while it was copied; returns the same catch-up to run
+    after the renames, before the old collection (then the backup) is dropped.
+
+    Trigger: server mode, where another machine's writer need not see this process's lock and may miss the
+    lease. Why: it flips manifests whose chunks are in `old` only; the swap dropped them (23 documents with a
+    manifest and no chunks in the attack run). A writer that resolved the collection before the renames still
+    writes into the backup, hence the second catch-up against it.
+    """
+    copied = dict(manifests)
+    copy = functools.partial(_recopy, c.embedder, collection, old, new)
+    swaps.catch_up(c.store, collection, copied, new, copy)
+    return functools.partial(swaps.settle, c.store, collection, copied, new, copy, lease)
+
+
+def _recopy(embedder: Any, collection: str, source: Any, target: Any, manifest: dict[str, Any]) -> int:
+    """One document's current version re-embedded from `source` into `target` (kept when `target` holds it all:
+    a writer wrote it there after the swap); returns the chunks copied."""
+    ids = version_ids(collection, [manifest])
+    if len(target.get(ids=ids, include=[])["ids"]) == len(ids):
+        return 0
+    got = source.get(ids=ids, include=["documents", "metadatas"])
+    if len(got["ids"]) < len(ids):
+        log.warning("reindex of %s: %s has %d of its %d chunks in neither collection", collection,
+                    manifest["document"], len(got["ids"]), len(ids))
+    _reembed(embedder, got, target, lambda chunks: None)
+    return len(got["ids"])
 
 
 def _reembed(embedder: Any, got: dict[str, Any], new: Any, embedded: Callable[[int], None]) -> None:

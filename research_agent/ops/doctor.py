@@ -9,9 +9,11 @@ from pydantic import BaseModel
 
 from research_agent.ingest.folder import is_gone
 from research_agent.ingest.prepare import version_ids
-from research_agent.ingest.service import delete_chunks, recover_interrupted
+from research_agent.ingest.service import STALE_INTENT_SECONDS, delete_chunks, recover_interrupted
 from research_agent.storage.chunks import all_ids
+from research_agent.storage.registry import INTENT
 from research_agent.storage.swaps import swap_target
+from research_agent.storage.writer import announce_intents
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -29,6 +31,9 @@ class CollectionCheck(BaseModel):
     # File documents whose recorded file is gone (moved, renamed, deleted): reported, never removed here.
     missing_files: int = 0
     missing_examples: list[str] = []
+    # Writes whose intent is still recorded: in progress, or killed (possibly between their manifest flip and
+    # the revision bump that tells other processes' keyword indexes). Not healthy until they finish or are undone.
+    unfinished_writes: int = 0
 
 
 class DoctorReport(BaseModel):
@@ -44,11 +49,12 @@ class DoctorReport(BaseModel):
 def _check_collection(c: Container, col: Any, repair: bool, actions: list[str]) -> CollectionCheck:
     name = col.name
     if repair:
-        with c.store.write_lock():
-            if recover_interrupted(c, name, col):
-                actions.append(f"{name}: undid an interrupted write")
+        _settle_writes(c, name, col, actions)
     manifests = c.store.registry_find("document", name)
-    expected = set(version_ids(name, manifests.values()))
+    unfinished = c.store.registry_find(INTENT, name)
+    # The new chunks of a write still under way (upserted, not flipped yet) are no orphans: deleting them left
+    # its manifest, flipped a moment later, without chunks (server mode, where writers run beside doctor).
+    expected = set(version_ids(name, [*manifests.values(), *(v for i in unfinished.values() for v in i["versions"])]))
     present = all_ids(col)
     orphans = [cid for cid in present if cid not in expected]
     incomplete = sorted(
@@ -77,7 +83,20 @@ def _check_collection(c: Container, col: Any, repair: bool, actions: list[str]) 
         incomplete_documents=[manifests[k]["document"] for k in incomplete],
         missing_files=len(missing),
         missing_examples=missing[:MISSING_EXAMPLES],
+        unfinished_writes=len(unfinished),
     )
+
+
+def _settle_writes(c: Container, name: str, col: Any, actions: list[str]) -> None:
+    """Undo dead writers' writes; announce the rest (server mode: intents younger than STALE_INTENT_SECONDS of
+    writers not known dead) so every keyword index serves the manifests as they are now, not in 600 s."""
+    with c.store.write_lock():
+        if recover_interrupted(c, name, col):
+            actions.append(f"{name}: undid an interrupted write")
+        announced = announce_intents(c.store, name)
+    if announced:
+        actions.append(f"{name}: announced {announced} unfinished writes to readers (in progress, or their writer "
+                       f"died on another machine: undone once {int(STALE_INTENT_SECONDS)} s old)")
 
 
 def _missing_files(manifests: dict[str, dict[str, Any]]) -> list[str]:
@@ -95,7 +114,10 @@ def _advice(checks: list[CollectionCheck]) -> list[str]:
     return [f"{ch.collection}: {ch.missing_files} documents whose files are gone "
             f"({', '.join(ch.missing_examples)}{', ...' if ch.missing_files > len(ch.missing_examples) else ''}); "
             f"run `research-agent kb prune --collection {ch.collection} --dry-run`, then without --dry-run, "
-            "to remove them" for ch in checks if ch.missing_files]
+            "to remove them" for ch in checks if ch.missing_files] + [
+        f"{ch.collection}: {ch.unfinished_writes} unfinished writes (in progress, or their writer was killed); "
+        "`research-agent doctor --repair` announces them to readers now and undoes those of writers known dead "
+        f"(this machine's, or older than {int(STALE_INTENT_SECONDS)} s)" for ch in checks if ch.unfinished_writes]
 
 
 def _swap_leftovers(c: Container, repair: bool, actions: list[str]) -> list[str]:
@@ -129,7 +151,8 @@ def run_doctor(c: Container, repair: bool = False) -> DoctorReport:
         after = run_doctor(c, repair=False)
         return DoctorReport(healthy=after.healthy, repaired=True, collections=after.collections,
                             leftovers=after.leftovers, actions=actions, advice=after.advice)
-    healthy = not leftovers and all(not ch.orphan_chunks and not ch.incomplete_documents for ch in checks)
+    healthy = not leftovers and all(not ch.orphan_chunks and not ch.incomplete_documents and not ch.unfinished_writes
+                                    for ch in checks)
     # The next move goes in the report itself: a script reading --json (or an MCP client) sees no text output.
     repair_first = [] if healthy else [REPAIR_ADVICE]
     return DoctorReport(healthy=healthy, repaired=False, collections=checks, leftovers=leftovers, actions=actions,

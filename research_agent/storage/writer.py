@@ -14,6 +14,11 @@ steps) and derived indexes see every flip. The bump comes before the intent is c
 two the other way round, a flipped manifest was never announced by a revision (the keyword index kept the
 old text until the next write).
 
+On a Chroma server a write gives up (StoreUnavailableError, nothing written) while another process holds the
+collection's reindex lease (storage/swaps.py), checked right after step 0. An intent records its writer's host,
+pid namespace and pid, so a process on the same machine recovers a dead writer's intent at once instead of
+after STALE_INTENT_SECONDS; `doctor --repair` announces the others (`announce_intents`).
+
 The steps are called through `Steps`: ingest/service.py passes its own module globals, because the crash
 tests (tests/test_concurrency.py FAKE_CLI, RA_TEST_KILL_AT) replace a step by its name on that module.
 What a write contains (chunks, vectors, manifests) is the caller's; this module owns only the order.
@@ -26,7 +31,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from research_agent.errors import StoreUnavailableError
 from research_agent.storage.registry import DOCUMENT, INTENT, document_key, intent_key, version_ids
+from research_agent.storage.swaps import check_no_reindex, holder, holder_gone
 
 if TYPE_CHECKING:
     from research_agent.storage.store import Store
@@ -42,8 +49,22 @@ STALE_INTENT_SECONDS = 600.0
 
 def write_intent(store: Store, collection: str, versions: list[dict[str, Any]]) -> str:
     key = intent_key(collection)
-    store.registry_put({key: {"versions": versions, "created": time.time()}}, INTENT, collection)
+    # The writer's host and pid let a process on the same machine tell a dead writer's intent at once (holder_gone).
+    store.registry_put({key: {"versions": versions, "created": time.time(), **holder()}}, INTENT, collection)
     return key
+
+
+def hold_off_for_reindex(store: Store, collection: str, intent: str, steps: Steps) -> None:
+    """Server mode: give up a write (its intent cleared, nothing else done yet) while another process
+    reindexes `collection` (storage/swaps.py ReindexLease). Checked after the intent is recorded: the
+    reindex records its lease, then waits for intents, so one of the two always sees the other."""
+    if not store.settings.server_mode:
+        return  # embedded: the store's file write lock already keeps a reindex and writers apart
+    try:
+        check_no_reindex(store, collection)
+    except StoreUnavailableError:
+        steps.clear_intent(store, intent)
+        raise
 
 
 def clear_intent(store: Store, key: str) -> None:
@@ -94,6 +115,7 @@ def commit(store: Store, col: Any, collection: str, new: Versions, *, dimension:
     intent = steps.write_intent(store, collection, [*stale.values(), *(
         {"document": m["document"], "content_hash": m["content_hash"], "chunk_count": m["chunk_count"]}
         for m in new.manifests.values())])
+    hold_off_for_reindex(store, collection, intent, steps)
     for start in range(0, len(new.ids), WRITE_BATCH):
         end = start + WRITE_BATCH
         col.upsert(ids=new.ids[start:end], embeddings=new.vectors[start:end], documents=new.texts[start:end],
@@ -124,6 +146,7 @@ def delete(store: Store, col: Any, collection: str, manifests: dict[str, dict[st
     versions = list(manifests.values())
     rev = store.log_change(collection, (v["document"] for v in versions))
     intent = steps.write_intent(store, collection, versions)
+    hold_off_for_reindex(store, collection, intent, steps)
     store.registry_delete(list(manifests))
     ids = version_ids(collection, versions)
     steps.delete_chunks(col, ids)
@@ -137,12 +160,13 @@ def recover_interrupted(store: Store, collection: str, col: Any, *, min_age: flo
     """Undo writes that were killed midway (under the write lock): drop chunks no manifest points at.
 
     Embedded stores serialize writers, so every intent found is a dead writer's (min_age 0); on a Chroma
-    server only intents older than `min_age` (STALE_INTENT_SECONDS) are. The dead writer may have flipped
+    server only intents older than `min_age` (STALE_INTENT_SECONDS) are, or those of a writer on this host
+    whose process is gone (`holder_gone`). The dead writer may have flipped
     manifests without bumping the revision, so each recovered intent's documents are logged as a change and
     the revision is bumped: the keyword index re-applies them (idempotent) instead of serving the old text.
     """
     intents = {k: v for k, v in store.registry_find(INTENT, collection).items()
-               if time.time() - float(v.get("created", 0)) >= min_age}
+               if time.time() - float(v.get("created", 0)) >= min_age or holder_gone(v)}
     removed = 0
     for key, intent in intents.items():
         versions = intent["versions"]
@@ -157,3 +181,22 @@ def recover_interrupted(store: Store, collection: str, col: Any, *, min_age: flo
         removed += len(ids)
         log.warning("recovered an interrupted write to %s: removed %d orphan chunks", collection, len(ids))
     return removed
+
+
+def announce_intents(store: Store, collection: str) -> int:
+    """Announce the documents of every intent left after recovery (server mode: young writes, alive or dead on
+    another host) as a change, and bump the revision; returns how many. Deletes and clears nothing.
+
+    Trigger: `doctor --repair` on a Chroma server. Why: a writer killed between its flip and its bump left the
+    flip unannounced, and other servers' keyword indexes served the old text until the intent turned 600 s
+    old (STALE_INTENT_SECONDS) or another write came. Outcome: readers catch up with the manifests as they
+    are now; for a live writer this is harmless (a catch-up re-reading a document it has not flipped yet
+    finds nothing new, and the writer announces its own flip), whereas deleting its chunks would not be.
+    """
+    intents = store.registry_find(INTENT, collection)
+    for intent in intents.values():
+        rev = store.log_change(collection, (v["document"] for v in intent["versions"]))
+        store.bump_revision(collection, rev)
+    if intents:
+        log.warning("announced %d unfinished writes to %s", len(intents), collection)
+    return len(intents)

@@ -1,0 +1,308 @@
+"""Server mode (`chroma run`): writes of several processes to one collection, where the write lock is per process.
+
+Finding 2: `kb reindex` while another process writes the same collection lost the chunks of documents flipped
+during the copy (the swap dropped them with the old collection). Finding 3: a writer killed between its chunk
+deletion and its revision bump left the flip unannounced; `doctor` called the store healthy and other
+processes' keyword indexes served the old text for up to 600 s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_concurrency import FAKE_MODEL, TESTS_DIR, cli_argv, cli_env, open_store, run_cli
+
+# A writer process: updates, adds and removes documents of one collection until told to stop; one JSON line
+# per write on stdout. IGNORE_LEASE plays a writer that never sees the reindex lease (another version, or one
+# that checked just before the lease was taken): the catch-up alone must keep its writes.
+WRITER = '''
+import json, os, random, sys, time
+from pathlib import Path
+sys.path.insert(0, TESTS_DIR)
+from conftest import FakeEmbedder
+from research_agent import embeddings
+embeddings._cache[("sentence-transformers", "test-fake-embedder", "cpu")] = FakeEmbedder()
+from research_agent.container import build_container
+from research_agent.errors import StoreUnavailableError
+from research_agent.ingest.service import ingest_path, remove_document
+from research_agent.storage import writer
+if os.environ.get("IGNORE_LEASE"):
+    writer.check_no_reindex = lambda *a, **k: None
+docs, coll, stop, first = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+c = build_container()
+rnd = random.Random(7)
+removable = list(range(first // 2, first))
+for k in range(100000):
+    if stop.exists():
+        break
+    act = rnd.random()
+    try:
+        if act < 0.25 and removable:
+            i = removable.pop(rnd.randrange(len(removable)))
+            remove_document(c, coll, f"docs/d{i}.txt")
+            out = {"op": "rm", "doc": f"docs/d{i}.txt"}
+        else:
+            name = f"n{k}.txt" if act < 0.45 else f"d{rnd.randrange(first // 2)}.txt"
+            (docs / name).write_text(f"document {name} version {k} wordv{k}x alpha beta\\n")
+            ingest_path(c, docs / name, coll)
+            out = {"op": "put", "doc": f"docs/{name}"}
+    except StoreUnavailableError as exc:
+        out = {"op": "refused", "message": exc.message}
+        time.sleep(0.2)
+    except Exception as exc:  # ignoring the lease, it may write into a collection the swap just dropped
+        if not os.environ.get("IGNORE_LEASE"):
+            raise
+        out = {"op": "failed", "error": repr(exc)[:300]}
+    print(json.dumps(out), flush=True)
+    time.sleep(0.02)
+'''.replace("TESTS_DIR", repr(TESTS_DIR))
+
+
+def _server_env(chroma_server, **extra: str) -> dict[str, str]:
+    return cli_env(None, fake=True, RESEARCH_AGENT_CHROMA_HOST=chroma_server["host"],
+                   RESEARCH_AGENT_CHROMA_PORT=str(chroma_server["port"]), **extra)
+
+
+def _open(chroma_server):
+    return open_store(None, chroma_host=chroma_server["host"], chroma_port=chroma_server["port"],
+                      embedding_model=FAKE_MODEL)
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+
+
+def _seed(c, tmp_path: Path, collection: str, n: int) -> Path:
+    from research_agent.catalog.collections import create_collection
+    from research_agent.ingest.service import ingest_path
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(n):
+        (docs / f"d{i}.txt").write_text(f"document d{i} first version wordd{i}x alpha beta\n")
+    create_collection(c, collection)
+    assert ingest_path(c, docs, collection, recursive=True).files_seen == n
+    return docs
+
+
+def assert_consistent(c, collection: str) -> None:
+    """Every manifest's chunks exist in the live collection under its content hash, and nothing else does."""
+    from research_agent.storage.registry import version_ids
+
+    col = c.store.get_collection(collection)
+    manifests = c.store.registry_find("document", collection)
+    expected = set(version_ids(collection, manifests.values()))
+    present = set(col.get(include=[])["ids"])
+    assert not expected - present, f"{len(expected - present)} chunks of manifests missing from the live collection"
+    assert present == expected, f"{len(present - expected)} chunks no manifest names"
+    assert col.count() == sum(int(m["chunk_count"]) for m in manifests.values())
+
+
+def _wait_for_writes(c, collection: str, writes: int) -> None:
+    """Until `writes` more change records (one per write) are logged; 60 s at most."""
+    start = len(c.store.registry_find("change", collection))
+    deadline = time.monotonic() + 60
+    while len(c.store.registry_find("change", collection)) < start + writes and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _slow_embedding(monkeypatch, fake_embedder, seconds: float) -> None:
+    """The reindex's encoder made slow enough (as a real model is) for the writer to write during the copy."""
+    original = fake_embedder.embed_documents
+
+    def slow(self, texts):
+        time.sleep(seconds)
+        return original(self, texts)
+
+    monkeypatch.setattr(fake_embedder, "embed_documents", slow)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ignore_lease", [False, True], ids=["lease-honoured", "lease-ignored"])
+def test_reindex_while_another_process_writes_loses_and_doubles_nothing(tmp_path, chroma_server, fake_embedder,
+                                                                       monkeypatch, caplog, ignore_lease):
+    from research_agent.ingest.service import reindex_collection
+
+    caplog.set_level(logging.INFO, logger="research_agent.storage.swaps")
+    collection, n = _unique("rx"), 120
+    c = _open(chroma_server)
+    try:
+        docs = _seed(c, tmp_path, collection, n)
+        (tmp_path / "writer.py").write_text(WRITER, encoding="utf-8")
+        stop = tmp_path / "stop"
+        env = _server_env(chroma_server, **({"IGNORE_LEASE": "1"} if ignore_lease else {}))
+        writer = subprocess.Popen([sys.executable, str(tmp_path / "writer.py"), str(docs), collection, str(stop),
+                                   str(n)], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        try:
+            _wait_for_writes(c, collection, 3)  # the writer is writing before the reindex starts
+            _slow_embedding(monkeypatch, fake_embedder, 0.04)  # ~120 documents: ~5 s of copying
+            report = reindex_collection(c, collection)
+            assert report.files_seen >= n // 2
+            _wait_for_writes(c, collection, 3)  # and after it
+        finally:
+            stop.touch()
+            out, err = writer.communicate(timeout=120)
+        assert writer.returncode == 0, err[-3000:]
+        ops = [json.loads(line) for line in out.splitlines()]
+        assert sum(o["op"] in ("put", "rm") for o in ops) >= 6, "the writer barely wrote"
+        c.store.refresh()
+        assert_consistent(c, collection)
+        refused = [o for o in ops if o["op"] == "refused"]
+        if not ignore_lease:
+            assert refused and "being reindexed" in refused[0]["message"]
+            assert not c.store.registry_find("intent", collection), "an intent was left behind"
+        else:  # what it wrote during the copy was copied again by the catch-up
+            assert not refused
+            assert any("caught up with" in r.getMessage() for r in caplog.records)
+        removed = {o["doc"] for o in ops if o["op"] == "rm"}
+        names = {m["document"] for m in c.store.registry_find("document", collection).values()}
+        assert removed and not removed & names, "a removed document came back"
+        assert not c.store.registry_find("lease", collection), "the reindex lease was left behind"
+    finally:
+        c.close()
+
+
+def _keyword_docs(c, collection: str, word: str) -> list[str]:
+    from research_agent.search.service import query_knowledge
+
+    hits = query_knowledge(c, word, collections=[collection], mode="keyword", rerank=False, top_k=5).results
+    return [h.source_document for h in hits]
+
+
+def _kill_after_delete_chunks(tmp_path: Path, chroma_server, collection: str, doc: Path) -> None:
+    """A `kb add-document` of the updated file SIGKILLed right after its old chunks are deleted (before the bump)."""
+    env = _server_env(chroma_server, RA_TEST_KILL_AT="delete_chunks:1+")
+    proc = subprocess.run(cli_argv(tmp_path, "--json", "kb", "add-document", str(doc), "--collection", collection,
+                                   fake=True), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer_host", ["this", "other"])
+def test_doctor_sees_and_repair_announces_a_write_killed_before_its_bump(tmp_path, chroma_server, fake_embedder,
+                                                                         writer_host):
+    """Killed between its chunk deletion and its bump, a writer left the new manifest unannounced: doctor must
+    not say healthy, and `doctor --repair` (another process) makes this reader's keyword index answer the new
+    text at once. A writer of another machine cannot be told dead: its intent is announced, not undone."""
+    collection = _unique("kb")
+    c = _open(chroma_server)
+    try:
+        docs = _seed(c, tmp_path, collection, 6)
+        assert _keyword_docs(c, collection, "wordd3x") == ["docs/d3.txt"]  # this reader's index is built
+        (docs / "d3.txt").write_text("document d3 second version freshword alpha beta\n")
+        _kill_after_delete_chunks(tmp_path, chroma_server, collection, docs / "d3.txt")
+        intents = c.store.registry_find("intent", collection)
+        assert len(intents) == 1
+        if writer_host == "other":
+            key, intent = next(iter(intents.items()))
+            c.store.registry_put({key: {**intent, "host": "another-machine"}}, "intent", collection)
+        env = _server_env(chroma_server)
+        found = json.loads(run_cli(tmp_path, "--json", "doctor", fake=True, env=env).stdout)
+        assert found["healthy"] is False
+        assert [ch["unfinished_writes"] for ch in found["collections"] if ch["collection"] == collection] == [1]
+        repaired = run_cli(tmp_path, "--json", "doctor", "--repair", fake=True, env=env)
+        after = json.loads(repaired.stdout)
+        assert repaired.returncode == (0 if after["healthy"] else 1), repaired.stderr[-2000:]
+        assert _keyword_docs(c, collection, "freshword") == ["docs/d3.txt"]
+        assert _keyword_docs(c, collection, "wordd3x") == []
+        left = c.store.registry_find("intent", collection)
+        if writer_host == "this":  # its process is gone: undone and cleared
+            assert after["healthy"] is True and not left
+        else:  # maybe alive: announced, kept until STALE_INTENT_SECONDS
+            assert after["healthy"] is False and len(left) == 1
+            assert any("announced 1 unfinished" in a for a in after["actions"])
+        assert_chunks_of_manifests(c, collection)
+    finally:
+        c.close()
+
+
+def assert_chunks_of_manifests(c, collection: str) -> None:
+    from research_agent.storage.registry import version_ids
+
+    expected = set(version_ids(collection, c.store.registry_find("document", collection).values()))
+    assert expected <= set(c.store.get_collection(collection).get(include=[])["ids"])
+
+
+@pytest.mark.slow
+def test_doctor_repair_keeps_a_live_writers_young_intent_and_new_chunks(tmp_path, chroma_server, fake_embedder):
+    """A write in progress (intent recorded, new chunks in, manifest not flipped yet) of a live process: repair
+    announces it but deletes none of its chunks and keeps its intent, so the writer can still finish."""
+    from research_agent.storage import writer
+    from research_agent.storage.registry import chunk_ids
+
+    collection = _unique("live")
+    c = _open(chroma_server)
+    try:
+        _seed(c, tmp_path, collection, 3)
+        col = c.store.get_collection(collection)
+        new_ids = chunk_ids(collection, "docs/d1.txt", "f" * 64, 1)
+        intent = writer.write_intent(c.store, collection, [{"document": "docs/d1.txt", "content_hash": "f" * 64,
+                                                             "chunk_count": 1}])
+        col.upsert(ids=new_ids, embeddings=fake_embedder().embed_documents(["in progress"]),
+                   documents=["in progress"], metadatas=[{"source_document": "docs/d1.txt"}])
+        repaired = run_cli(tmp_path, "--json", "doctor", "--repair", fake=True, env=_server_env(chroma_server))
+        assert repaired.returncode == 1, repaired.stderr[-2000:]
+        assert json.loads(repaired.stdout)["healthy"] is False  # a write is still unfinished
+        assert intent in c.store.registry_find("intent", collection)
+        assert set(new_ids) <= set(col.get(ids=new_ids, include=[])["ids"])
+    finally:
+        c.close()
+
+
+def test_only_a_writer_known_dead_on_this_machine_counts_as_gone():
+    """A record's holder is gone only if it ran here (same host and pid namespace) and its pid has exited; a
+    writer elsewhere, or in another container sharing the host name, may be alive (then: the 600 s rule)."""
+    from research_agent.storage.swaps import holder, holder_gone
+
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = {**holder(), "pid": int(exited.stdout)}
+    assert holder_gone(dead)
+    assert not holder_gone(holder())  # this process
+    assert not holder_gone({**dead, "host": "another-machine"})
+    assert not holder_gone({**dead, "pidns": "pid:[1]"})
+    assert not holder_gone({"versions": [], "created": 0})  # an intent of an older version
+
+
+@pytest.mark.slow
+def test_a_live_reindex_lease_refuses_a_write_with_a_coded_error_and_a_dead_one_does_not(tmp_path, chroma_server,
+                                                                                        fake_embedder):
+    """Another machine's reindex (a live lease) refuses a write: StoreUnavailableError, retryable, nothing
+    written and no intent left. A lease not renewed for LEASE_SECONDS, or of a process gone from this machine
+    (a reindex killed -9), blocks nothing."""
+    from research_agent.errors import StoreUnavailableError
+    from research_agent.ingest.service import ingest_path
+    from research_agent.storage.swaps import LEASE, LEASE_SECONDS, holder, lease_key
+
+    collection = _unique("lease")
+    c = _open(chroma_server)
+    try:
+        docs = _seed(c, tmp_path, collection, 2)
+        before = c.store.registry_find("document", collection)
+        (docs / "d1.txt").write_text("document d1 second version\n")
+        other = {"started": time.time(), "renewed": time.time(), "host": "another-machine", "pid": 4242}
+        c.store.registry_put({lease_key(collection): other}, LEASE, collection)
+        with pytest.raises(StoreUnavailableError) as refused:
+            ingest_path(c, docs / "d1.txt", collection)
+        assert refused.value.data["retryable"] and "being reindexed" in refused.value.message
+        assert "kb reindex" in refused.value.data["guidance"]
+        assert c.store.registry_find("document", collection) == before
+        assert not c.store.registry_find("intent", collection)
+        exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                                text=True)
+        for dead in ({**other, "renewed": time.time() - LEASE_SECONDS - 1},
+                     {**other, **holder(), "pid": int(exited.stdout)}):
+            c.store.registry_put({lease_key(collection): dead}, LEASE, collection)
+            (docs / "d1.txt").write_text(f"document d1 version {dead['pid']} {dead['renewed']}\n")
+            assert ingest_path(c, docs / "d1.txt", collection).updated == 1
+        assert_consistent(c, collection)
+    finally:
+        c.close()
