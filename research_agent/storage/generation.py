@@ -4,7 +4,7 @@ index in memory would answer from before the commit), and the freshness watcher 
 (search/freshness.py) does that reopen early, with `warming` keeping queries from reading beside its first reads.
 
 `GenerationMixin` is the part of `Store` that does it; it uses the Store's `settings`, `_client`, `_meta`, `_local`,
-`_use`, `_connect_lock`, `_connect`, `_generation`, `_warmed`, `_warmer` and `reopens`.
+`_use`, `_connect_lock`, `_connect`, `_generation`, `_warmed`, `_warmer`, `reopens` and `store_error`.
 """
 
 from __future__ import annotations
@@ -32,17 +32,19 @@ class GenerationMixin:
     _use: Any
     _connect_lock: Any
     _generation: str | None
+    _identity: tuple[int, int] | None
     _warmed: threading.Event
     _warmer: int | None
     reopens: int
     _connect: Any
+    store_error: Any
 
     def refresh(self) -> None:
         """See writes committed by other processes (Chroma caches one system per path)."""
         if self.settings.server_mode or self._client is None or getattr(self._local, "shared", 0):
             return  # inside a session the refresh happened on entry
         self._await_warming()
-        if self._read_generation() == self._generation:
+        if self._current():
             return
         self._use.acquire_exclusive()
         try:
@@ -75,20 +77,21 @@ class GenerationMixin:
         """Whether another process committed since this client opened (one small file read, no lock: the
         freshness watcher polls it; `refresh` re-checks under the locks).
 
-        Raises OSError when the file cannot be read (the store folder removed, the file unreadable)."""
+        Raises StoreUnavailableError when the store folder has gone (moved or deleted), OSError when the file
+        cannot be read."""
         if self.settings.server_mode or self._client is None:
             return False
         try:
             now = self._generation_path.read_text()
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
             if self.settings.store.is_dir():
                 return False  # no commit yet
-            raise
-        return now != self._generation
+            raise self.store_error(exc) from None
+        return now != self._generation or self._store_identity() != self._identity
 
     def _reopen_if_stale(self) -> None:
         # Called with exclusive use: no other thread is inside a Chroma call.
-        if self._client is None or self._read_generation() == self._generation:
+        if self._client is None or self._current():
             return
         from chromadb.api.shared_system_client import SharedSystemClient
 
@@ -112,3 +115,17 @@ class GenerationMixin:
             return self._generation_path.read_text()
         except OSError:
             return None
+
+    def _current(self) -> bool:
+        """Whether the open client reads the store as it is now: no other process committed since (the generation)
+        and the folder is the one it opened. A store folder put back from a copy keeps its generation, but Chroma
+        still holds the old folder's SQLite file open: reads came from it and writes went to it."""
+        return self._read_generation() == self._generation and self._store_identity() == self._identity
+
+    def _store_identity(self) -> tuple[int, int] | None:
+        """The store folder's (device, inode), None when it is missing (one stat, ~2 us)."""
+        try:
+            found = self.settings.store.stat()
+        except OSError:
+            return None
+        return found.st_dev, found.st_ino

@@ -6,11 +6,13 @@
 - `LockingMixin`: the part of `Store` that uses them: `session()` for reads, `write_lock()` for writes (the
   file lock `<store>/.write.lock`), and the gate a writer opens while it fills a reindex copy. It uses the
   Store's `settings`, `client`, `_use`, `_local`, `_lock`, `_connect_lock`, `_gate`, `_readers_admitted`,
-  `_generation`, `_generation_path`, `_make_store_dir`, `refresh` and `_reopen_if_stale`.
+  `_generation`, `_generation_path`, `_read_generation`, `_make_store_dir`, `store_error`, `_unpublished`,
+  `refresh` and `_reopen_if_stale`. Every way out of a write opens the gate, whatever raised.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -20,6 +22,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from research_agent.errors import StoreUnavailableError
+
+log = logging.getLogger("research_agent.storage.store")
 
 # How often a reader or writer re-tries a busy read gate (seconds, doubling from the first to the last): a commit
 # of one ingest batch takes tens of milliseconds, so the first retries come soon and the poll stays cheap.
@@ -85,16 +89,21 @@ def _flock(path: Path, exclusive: bool, deadline: float) -> int | None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
     delay = _GATE_POLL[0]
-    while True:
-        try:
-            fcntl.flock(fd, op)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(delay)
-            delay = min(delay * 2, _GATE_POLL[1])
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, op)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, _GATE_POLL[1])
+    except BaseException:  # any other failure (or an interrupt) must not leave the descriptor, and its lock, open
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
 
 
 class ReadGate:
@@ -155,7 +164,11 @@ class ReadGate:
         turn = _flock(self._turnstile_path, True, deadline)
         if turn is None:
             return False
-        alone = _flock(self._readers_path, True, deadline)
+        try:
+            alone = _flock(self._readers_path, True, deadline)
+        except BaseException:  # `.read.lock` unopenable: the turnstile held would keep every reader out for good
+            os.close(turn)
+            raise
         if alone is None:
             os.close(turn)
             return False
@@ -163,10 +176,9 @@ class ReadGate:
         return True
 
     def open(self) -> None:
-        if self._writer_fds is not None:
-            for fd in self._writer_fds:
-                os.close(fd)
-            self._writer_fds = None
+        fds, self._writer_fds = self._writer_fds, None
+        for fd in fds or ():
+            os.close(fd)
 
 
 class LockingMixin:
@@ -218,7 +230,7 @@ class LockingMixin:
         gate = self._read_gate()
         if gate is None:
             return
-        if not gate.enter(self.settings.lock_timeout):
+        if not self._gate_step(gate.enter):
             raise StoreUnavailableError(
                 f"The store {self.settings.store} stayed busy with another process's write for "
                 f"{self.settings.lock_timeout:g} s",
@@ -226,6 +238,12 @@ class LockingMixin:
                 "or use a Chroma server for many writers.",
             )
         self._local.gated = True
+
+    def _gate_step(self, step: Any) -> bool:
+        try:
+            return step(self.settings.lock_timeout)
+        except OSError as exc:  # the store folder moved away, a lock file unopenable: coded, not a traceback
+            raise self.store_error(exc) from None
 
     def _leave_gate(self) -> None:
         if getattr(self._local, "gated", False):
@@ -235,20 +253,33 @@ class LockingMixin:
     def _close_gate(self) -> None:
         """Wait for reads in flight (every process) to end, then keep new ones out until `_open_gate`."""
         gate = self._read_gate()
-        if gate is not None and not gate.close(self.settings.lock_timeout):
+        if gate is not None and not self._gate_step(gate.close):
             raise StoreUnavailableError(
                 f"Reads of the store {self.settings.store} did not pause within {self.settings.lock_timeout:g} s",
                 guidance="Try again in a moment; raise RESEARCH_AGENT_LOCK_TIMEOUT, or use a Chroma server.",
             )
 
-    def _open_gate(self) -> None:
-        """Let readers in again; a new generation first, so they reopen the client and see the commit."""
-        generation = uuid.uuid4().hex
-        self._generation_path.write_text(generation)
-        self._generation = generation
-        gate = self._read_gate()
-        if gate is not None:
-            gate.open()
+    def _open_gate(self, report: bool = True) -> None:
+        """Let readers in again; a new generation first, so they reopen the client and see the commit.
+
+        Trigger: the generation write raised (the store folder moved for a second, `.generation` replaced by a
+        directory, disk full) and the gate stayed closed: every other process's reads and writes timed out until
+        this one exited (finding 4 of the sixth attack pass). Outcome: the gate opens whatever happens; the
+        failure is a StoreUnavailableError (`report`), or a log line when the write is already failing.
+        """
+        try:
+            generation = uuid.uuid4().hex
+            self._generation_path.write_text(generation)
+            self._generation = generation
+        except OSError as exc:
+            self._generation = self._read_generation()  # what this process finds next: no needless reopen
+            error = self._unpublished(exc)
+            if report:
+                raise error from None
+            log.warning("%s", error)
+        finally:
+            if self._gate is not None:
+                self._gate.open()
 
     def admit_readers(self) -> None:
         """Inside a write: let readers (this process and others) read while the writer fills a working copy.
@@ -260,8 +291,9 @@ class LockingMixin:
         if self.settings.server_mode or self._readers_admitted or not getattr(self._local, "writing", 0):
             return
         if self._use.downgrade():
-            self._open_gate()
+            # Before the gate opens: if that raises, the write's end must release the shared use it now holds.
             self._readers_admitted = True
+            self._open_gate()
 
     def exclude_readers(self) -> None:
         """Undo `admit_readers`: wait for the reads in flight, then commit alone."""
@@ -320,6 +352,7 @@ class LockingMixin:
     def _embedded_write(self) -> Iterator[None]:
         """The body of an embedded write, with the file lock held: readers paused, the client alone."""
         self._close_gate()
+        done = False
         try:
             self._use.acquire_exclusive()
             self._local.writing = 1
@@ -333,24 +366,28 @@ class LockingMixin:
                     self._use.release_shared()
                 else:
                     self._use.release_exclusive()
+            done = True
         finally:
-            self._open_gate()
+            self._open_gate(report=done)  # a failing write keeps its own error
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
         from filelock import FileLock, Timeout
 
         self.client  # the store folder exists before the lock file is made in it
+        self._make_store_dir()  # ... and is still there: filelock would recreate a moved store's folder
         lock = FileLock(str(self._lock_path), timeout=self.settings.lock_timeout)
         try:
             lock.acquire()
-        except Timeout:
+        except Timeout:  # (a TimeoutError, so an OSError: caught first)
             raise StoreUnavailableError(
                 f"The store {self.settings.store} is locked by another writer "
                 f"(waited {self.settings.lock_timeout:g} s)",
                 guidance="Wait for the other ingest to finish and retry, raise RESEARCH_AGENT_LOCK_TIMEOUT, "
                 "or use a Chroma server for many writers.",
             ) from None
+        except OSError as exc:
+            raise self.store_error(exc) from None
         try:
             yield
         finally:

@@ -36,8 +36,6 @@ _NAME_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9._-]{1,510})[a-zA-Z0-9]$")
 MAX_NAMES = 500  # collection names accepted in one call
 
 
-
-
 def validate_name(name: str, what: str = "collection") -> str:
     """Chroma's naming rule (3-512 chars of [a-zA-Z0-9._-], alphanumeric at both ends)."""
     if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
@@ -156,6 +154,8 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         self._local = threading.local()
         self._gate: ReadGate | None = None
         self._readers_admitted = False  # a reindex fills its copy while readers read the live collection
+        self._opened = False  # an embedded store this process opened: never recreated empty if it goes away
+        self._identity: tuple[int, int] | None = None  # the store folder the client opened (device, inode)
 
     # -- client -----------------------------------------------------------------------------
     @property
@@ -203,9 +203,12 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         self._make_store_dir()
         try:
             self._generation = self._read_generation()
-            return chromadb.PersistentClient(path=str(s.store), settings=chroma_settings)
+            client = chromadb.PersistentClient(path=str(s.store), settings=chroma_settings)
         except OSError as exc:
             raise self._unopenable(exc) from None
+        self._opened = True
+        self._identity = self._store_identity()
+        return client
 
     def _probe(self) -> None:
         """One heartbeat with a chroma_connect_timeout deadline before chromadb's own (unbounded) requests: a
@@ -228,6 +231,15 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
             self._connect_lock.release()
 
     def _make_store_dir(self) -> None:
+        """Create the store folder of a new store; a store this process opened that has gone is an error.
+
+        Trigger: the store folder moved away under a running MCP server (finding 6 of the sixth attack pass).
+        Why: recreating it would put an empty store at the old path, answer "no such collection" from it, and
+        block moving the real one back (the path is taken). Outcome: StoreUnavailableError naming the path until
+        the folder is back; the process then reads it again without a restart.
+        """
+        if self._opened and not self.settings.store.is_dir():
+            raise self._store_gone()
         try:
             self.settings.store.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -237,10 +249,35 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         return ConfigError(f"Cannot open the store at {self.settings.store}: {exc.strerror}",
                            guidance="Pass a writable --store PATH.")
 
+    def _store_gone(self) -> StoreUnavailableError:
+        return StoreUnavailableError(
+            f"The store folder {self.settings.store} is missing (moved, renamed or deleted since this process "
+            "opened it)",
+            guidance=f"Put the store folder back at {self.settings.store} (running servers then use it again "
+            "without a restart), or point --store / RESEARCH_AGENT_STORE at its new place.",
+            store=str(self.settings.store))
+
+    def store_error(self, exc: OSError) -> ConfigError:
+        """The coded error for an OSError on the store's own files (lock files, `.generation`)."""
+        if not self.settings.store.is_dir():
+            return self._store_gone()
+        return self._unopenable(exc)
+
+    def _unpublished(self, exc: OSError) -> ConfigError:
+        """The coded error for a generation that could not be written: the store folder gone, or the file."""
+        if not self.settings.store.is_dir():
+            return self._store_gone()
+        return StoreUnavailableError(
+            f"Cannot write {self._generation_path} ({exc.strerror}): other processes are not told of this "
+            "process's writes",
+            guidance=f"Make {self._generation_path} a writable file (free disk space, fix permissions, remove a "
+            "folder of that name), then write again or restart long-running servers so they see this write.")
+
     def close(self) -> None:
         with self._connect_lock:
             self._client = None
             self._meta = None
+            self._opened = False
 
 
     # -- Chroma collections -------------------------------------------------------------------
