@@ -17,6 +17,7 @@ import pytest
 from research_agent.catalog import collections
 from research_agent.search import keyword_sync as sync, service as query
 from research_agent.storage import chunks as chunk_pages
+from test_keyword_window import _write_docs
 
 DOCS = 40
 
@@ -28,18 +29,7 @@ def _word(j: int, version: int = 0) -> str:
 
 def _write(c, collection: str, numbers, version: int = 0) -> None:
     """One write of one-chunk documents, document j holding _word(j, version)."""
-    from research_agent.ingest import PreparedDocument, content_hash, write_documents
-    from research_agent.ingest.chunking import chunk_document
-    from research_agent.ingest.parsing import ParsedDocument
-
-    docs = []
-    for j in numbers:
-        title, body = f"Note {j:04d}", f"Fact {j}: {_word(j, version)} okapis and narwhals."
-        chunks = chunk_document(ParsedDocument(text=body, format="text", title=title), source=f"doc{j:04d}",
-                                max_tokens=c.settings.chunk_max_tokens)[:1]
-        docs.append(PreparedDocument(document=f"doc{j:04d}", title=title, kind="document", source=f"doc{j:04d}",
-                                     content_hash=content_hash(f"{title}\n{body}"), chunks=chunks))
-    write_documents(c, collection, docs)
+    _write_docs(c, collection, numbers, body=lambda j: f"Fact {j}: {_word(j, version)} okapis and narwhals.")
 
 
 def _hits(c, collection: str, text: str) -> list[str]:
@@ -71,14 +61,19 @@ def _between_pages(monkeypatch, name: str, step) -> dict[str, bool]:
     return on
 
 
+def _two_machines(chroma_server):
+    """A writer's and a reader's containers on the same `chroma run` (two machines sharing a store)."""
+    from research_agent.container import build_container
+
+    return tuple(build_container(chroma_host=chroma_server["host"], chroma_port=chroma_server["port"])
+                 for _ in range(2))
+
+
 def test_a_build_during_rewrites_through_a_server_misses_no_document(chroma_server, fake_embedder, monkeypatch):
     """40 documents; the reader's first build pages 4 chunks at a time, and after each page another client
     rewrites the next of the first documents (its old chunk, behind the scan, is deleted). After the writers
     stop, every document's current text is found by keyword (the old code lost about one per page)."""
-    from research_agent.container import build_container
-
-    writer = build_container(chroma_host=chroma_server["host"], chroma_port=chroma_server["port"])
-    reader = build_container(chroma_host=chroma_server["host"], chroma_port=chroma_server["port"])
+    writer, reader = _two_machines(chroma_server)
     try:
         collections.create_collection(writer, "kw-paging")
         _write(writer, "kw-paging", range(DOCS))
@@ -170,10 +165,7 @@ def test_a_build_whose_read_pages_were_all_rewritten_builds_again(chroma_server,
     """After the second page of the reader's build, another client rewrites the eight documents of the two
     pages it read in one write (their old chunks deleted at once): the scan cannot tell where it was, nothing
     is committed, and the build starts again; every document's current text is then found."""
-    from research_agent.container import build_container
-
-    writer = build_container(chroma_host=chroma_server["host"], chroma_port=chroma_server["port"])
-    reader = build_container(chroma_host=chroma_server["host"], chroma_port=chroma_server["port"])
+    writer, reader = _two_machines(chroma_server)
     try:
         collections.create_collection(writer, "kw-rebuild")
         _write(writer, "kw-rebuild", range(DOCS))

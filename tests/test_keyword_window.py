@@ -21,19 +21,20 @@ from research_agent.storage import registry
 BULK_WRITES, BULK_DOCS = 3, 40  # three writes of 40 documents: the bulk load in the window
 
 
-def _write_docs(c, collection: str, numbers: range) -> None:
-    """One write of one-chunk documents (benchmarks/scale.py's bulk path)."""
+def _write_docs(c, collection: str, numbers, body=lambda j: f"Animal fact number {j:04d}: okapis and narwhals differ."
+                ) -> None:
+    """One write of one-chunk documents (benchmarks/scale.py's bulk path), document j holding `body(j)`."""
     from research_agent.ingest import PreparedDocument, content_hash, write_documents
     from research_agent.ingest.chunking import chunk_document
     from research_agent.ingest.parsing import ParsedDocument
 
     docs = []
     for j in numbers:
-        title, body = f"Note {j:04d}", f"Animal fact number {j:04d}: okapis and narwhals differ."
-        chunks = chunk_document(ParsedDocument(text=body, format="text", title=title), source=f"doc{j:04d}",
+        title, text = f"Note {j:04d}", body(j)
+        chunks = chunk_document(ParsedDocument(text=text, format="text", title=title), source=f"doc{j:04d}",
                                 max_tokens=c.settings.chunk_max_tokens)[:1]
         docs.append(PreparedDocument(document=f"doc{j:04d}", title=title, kind="document", source=f"doc{j:04d}",
-                                     content_hash=content_hash(f"{title}\n{body}"), chunks=chunks))
+                                     content_hash=content_hash(f"{title}\n{text}"), chunks=chunks))
     write_documents(c, collection, docs)
 
 

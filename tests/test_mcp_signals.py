@@ -85,16 +85,21 @@ def _assert_quiet_exit(s: _McpStdioSession, code: int) -> None:
         assert json.loads(line)["jsonrpc"] == "2.0", line
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
-def test_ctrl_c_stops_an_idle_stdio_server(tmp_path, entry):
-    """Served and idle (a ping answered by the SDK itself, not the early front): Ctrl-C ends it at once."""
-    s = _start(tmp_path, ENTRIES[entry])
+def _answered_then_interrupted(s, method: str) -> None:
+    """`initialize` and `method` answered, then Ctrl-C: a quiet exit 130 within 10 s."""
     _send_all(s, [_request(1, "initialize", HELLO), {"jsonrpc": "2.0", "method": "notifications/initialized"},
-                  _request(2, "ping")])
+                  _request(2, method)])
     _wait_for(s, 1, 2)
     code, waited = _interrupt(s)
     _assert_quiet_exit(s, code)
     assert waited < 10, f"{waited:.1f} s"
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_ctrl_c_stops_an_idle_stdio_server(tmp_path, entry):
+    """Served and idle (a ping answered by the SDK itself, not the early front): Ctrl-C ends it at once."""
+    s = _start(tmp_path, ENTRIES[entry])
+    _answered_then_interrupted(s, "ping")
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -129,12 +134,7 @@ def test_ctrl_c_stops_a_stdio_server_while_only_the_early_front_answers(tmp_path
     """`initialize` answered by the early front while the server's imports are held: Ctrl-C ends the process at
     once (mcp_server.py used to print a KeyboardInterrupt traceback from the middle of an import)."""
     s = _start(tmp_path, [sys.executable, "-c", HOLD_FASTMCP + HELD_ENTRIES[entry]])
-    _send_all(s, [_request(1, "initialize", HELLO), {"jsonrpc": "2.0", "method": "notifications/initialized"},
-                  _request(2, "tools/list")])
-    _wait_for(s, 1, 2)
-    code, waited = _interrupt(s)
-    _assert_quiet_exit(s, code)
-    assert waited < 10, f"{waited:.1f} s"
+    _answered_then_interrupted(s, "tools/list")
 
 
 def test_the_mcp_face_exits_ctrl_c_with_the_clis_code():

@@ -103,6 +103,14 @@ def test_a_scan_survives_deletes_behind_and_ahead_and_inserts(chroma_server, mon
     assert set(seen) <= set(ids) | set(added)
 
 
+def _put_manifests(c, n: int) -> list[str]:
+    """n manifests of collection "kb" (documents d000.md, ...) in the registry; returns the document names."""
+    docs = [f"d{i:03d}.md" for i in range(n)]
+    c.store.registry_put({registry.document_key("kb", d): {"document": d, "content_hash": "h", "chunk_count": 1}
+                          for d in docs}, registry.DOCUMENT, "kb")
+    return docs
+
+
 def test_registry_find_returns_every_manifest_while_another_client_removes_others(chroma_server, monkeypatch):
     """Manifests read by `registry_find` (visibility, diffs, reindex, doctor, export) while another machine
     removes documents: every manifest that was never removed is returned."""
@@ -111,9 +119,7 @@ def test_registry_find_returns_every_manifest_while_another_client_removes_other
     c = build_container(chroma_host=chroma_server["host"], chroma_port=chroma_server["port"])
     try:
         monkeypatch.setattr(chunks, "PAGE", 10)
-        docs = [f"d{i:03d}.md" for i in range(150)]
-        c.store.registry_put({registry.document_key("kb", d): {"document": d, "content_hash": "h", "chunk_count": 1}
-                              for d in docs}, registry.DOCUMENT, "kb")
+        docs = _put_manifests(c, 150)
         removed = [registry.document_key("kb", d) for i, d in enumerate(docs) if i % 5 == 0]
         c.store._meta = _Interleaved(c.store.meta, _deleter(chroma_server, registry.META_COLLECTION,
                                                             list(removed), 3))
@@ -169,9 +175,7 @@ def test_registry_find_scans_again_when_the_pages_it_read_were_deleted_whole(chr
     c = build_container(chroma_host=chroma_server["host"], chroma_port=chroma_server["port"])
     try:
         monkeypatch.setattr(chunks, "PAGE", 10)
-        docs = [f"d{i:03d}.md" for i in range(100)]
-        c.store.registry_put({registry.document_key("kb", d): {"document": d, "content_hash": "h", "chunk_count": 1}
-                              for d in docs}, registry.DOCUMENT, "kb")
+        docs = _put_manifests(c, 100)
         other = _http(chroma_server).get_collection(registry.META_COLLECTION)
         gone = [registry.document_key("kb", d) for d in docs[:20]]
         meta = _Interleaved(c.store.meta, lambda: other.delete(ids=gone) if meta.pages == 2 else None)
