@@ -21,8 +21,8 @@ import pytest
 from research_agent.catalog import collections
 from research_agent.container import build_container
 from research_agent.errors import ConfigError, StoreUnavailableError
-from research_agent.storage import locks
-from research_agent.storage.locks import ReadGate
+from research_agent.storage import lock_primitives
+from research_agent.storage.lock_primitives import ReadGate
 
 ROOT = Path(__file__).parents[1]
 #: Other processes wait this long for the gate (RESEARCH_AGENT_LOCK_TIMEOUT): a gate left closed shows up as a
@@ -162,7 +162,7 @@ def test_a_lock_failure_other_than_busy_closes_the_descriptor(tmp_path, monkeypa
     assert len(os.listdir("/proc/self/fd")) == before
     assert gate.close(1.0) is True  # nothing of the failed attempts holds a lock
     gate.open()
-    fd = locks._flock(Path(readers_path), True, time.monotonic() + 1.0)
+    fd = lock_primitives.flock(Path(readers_path), True, time.monotonic() + 1.0)
     assert fd is not None
     os.close(fd)
 

@@ -77,6 +77,31 @@ def test_reads_and_writes_of_a_moved_store_are_coded_errors_and_never_recreate_i
     assert _names(c) == ["after", "kept"]
 
 
+
+def test_a_write_whose_store_moves_right_after_the_check_does_not_recreate_it(monkeypatch):
+    """The race the real server met (1 run in 6): a write (the query history's, just after an answer) checked
+    that the store folder was there, then it moved, then the write lock's file was made: the lock library
+    created the missing folder, the client reopened an empty store there and answered "Unknown collections"."""
+    c = build_container()
+    collections.create_collection(c, "kept")
+    store = c.settings.store
+    check = type(c.store)._make_store_dir
+    moved: list[Path] = []
+
+    def check_then_move(self) -> None:  # the folder moves right after the check passed
+        check(self)
+        if not moved:
+            moved.append(_moved(store))
+
+    monkeypatch.setattr(type(c.store), "_make_store_dir", check_then_move)
+    with pytest.raises(StoreUnavailableError) as write:
+        collections.create_collection(c, "while-moved")
+    _assert_store_missing(write.value, store)
+    assert not store.exists()
+    monkeypatch.undo()
+    moved[0].rename(store)
+    assert _names(c) == ["kept"]
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.INFO)

@@ -88,7 +88,7 @@ from research_agent.search.keyword_index import (
     persist_folder,
 )
 from research_agent.storage import chunks as chunk_pages
-from research_agent.storage.locks import _flock
+from research_agent.storage.lock_primitives import flock
 from research_agent.storage.registry import (
     CHANGE_LOG_SECONDS,
     DOCUMENT,
@@ -284,7 +284,7 @@ class _file_lock:
         self.fd: int | None = None
 
     def acquire(self, wait: float) -> bool:
-        self.fd = _flock(self.path, True, time.monotonic() + wait)
+        self.fd = flock(self.path, True, time.monotonic() + wait)
         return self.fd is not None
 
     def __enter__(self) -> "_file_lock":

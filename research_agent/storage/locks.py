@@ -1,8 +1,8 @@
 """Locking: many threads share one Chroma client, one writer at a time, and readers never see a commit half done.
 
-- `SharedExclusiveLock`: this process's threads use the client together; reopening it or writing needs it alone.
-- `ReadGate`: across processes (embedded store), reads share `<store>/.read.lock`; a writer takes it alone
-  only around its commit steps (docs/architecture.md, "Readers and writers across processes").
+The primitives are in storage/lock_primitives.py (`SharedExclusiveLock` for this process's threads, `flock`,
+and `ReadGate`: reads of every process share `<store>/.read.lock`, a writer takes it alone only around its
+commit steps; docs/architecture.md, "Readers and writers across processes").
 - `LockingMixin`: the part of `Store` that uses them: `session()` for reads, `write_lock()` for writes (the
   file lock `<store>/.write.lock`), and the gate a writer opens while it fills a reindex copy. It uses the
   Store's `settings`, `client`, `_use`, `_local`, `_lock`, `_connect_lock`, `_gate`, `_readers_admitted`,
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -22,164 +21,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from research_agent.errors import StoreUnavailableError
+from research_agent.storage.lock_primitives import ReadGate, flock
 
 log = logging.getLogger("research_agent.storage.store")
-
-# How often a reader or writer re-tries a busy read gate (seconds, doubling from the first to the last): a commit
-# of one ingest batch takes tens of milliseconds, so the first retries come soon and the poll stays cheap.
-_GATE_POLL = (0.001, 0.005)
-
-
-class SharedExclusiveLock:
-    """Many threads use the Chroma client at once (shared); reopening it or writing needs it alone (exclusive)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._owner: int | None = None
-        self._depth = 0
-
-    def acquire_shared(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            while self._owner is not None and self._owner != me:
-                self._cond.wait()
-            self._readers += 1
-
-    def release_shared(self) -> None:
-        with self._cond:
-            self._readers -= 1
-            self._cond.notify_all()
-
-    def acquire_exclusive(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
-            if self._owner == me:
-                self._depth += 1
-                return
-            while self._owner is not None or self._readers > 0:
-                self._cond.wait()
-            self._owner, self._depth = me, 1
-
-    def release_exclusive(self) -> None:
-        with self._cond:
-            self._depth -= 1
-            if self._depth == 0:
-                self._owner = None
-                self._cond.notify_all()
-
-    def downgrade(self) -> bool:
-        """Exclusive to shared in one step (no other thread can take it exclusively in between).
-
-        False, and nothing changes, unless this thread holds it exclusively exactly once.
-        """
-        with self._cond:
-            if self._owner != threading.get_ident() or self._depth != 1:
-                return False
-            self._depth, self._owner = 0, None
-            self._readers += 1
-            self._cond.notify_all()
-            return True
-
-
-def _flock(path: Path, exclusive: bool, deadline: float) -> int | None:
-    """An open descriptor of `path` holding a shared or exclusive flock, or None once `deadline` has passed."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
-    delay = _GATE_POLL[0]
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, op)
-                return fd
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(delay)
-                delay = min(delay * 2, _GATE_POLL[1])
-    except BaseException:  # any other failure (or an interrupt) must not leave the descriptor, and its lock, open
-        os.close(fd)
-        raise
-    os.close(fd)
-    return None
-
-
-class ReadGate:
-    """Reads of the embedded store (any process) share this gate; a writer's commit steps take it alone.
-
-    Trigger: a long-lived reader (the MCP server) queried while `kb add-folder` / `remove-document` / `reindex`
-    ran in another process (issue 11 item 9: 3 of 110 queries failed with -32000). Why: embedded Chroma is not
-    process-safe for readers either: a query met chunk ids its in-memory vector index still held but another
-    process had deleted (metadata None; "Error finding id"), and collections a reindex had just dropped ("does
-    not exist"); 46 of 400 reads failed in the reproduction. Outcome: a read runs while no commit does, and
-    sees the store as the last commit left it (the generation check on entry reopens the client after it).
-
-    Two flock files in the store: `.read.lock` is held shared by every process with a read in flight and
-    exclusively by a committing writer; `.read.turnstile` is taken by a writer before it waits for the readers,
-    and passed through by readers, so overlapping reads cannot starve a writer. A writer holds the gate only for
-    its commit steps (one ingest batch; a reindex's swap), never while it parses or embeds.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self._readers_path = folder / ".read.lock"
-        self._turnstile_path = folder / ".read.turnstile"
-        self._entry = threading.Lock()  # this process's readers pass the turnstile one at a time
-        self._count = threading.Lock()
-        self._holders = 0  # threads of this process inside a read
-        self._shared_fd: int | None = None
-        self._writer_fds: tuple[int, int] | None = None
-
-    def enter(self, timeout: float) -> bool:
-        """Join the readers (False when a writer kept the gate past `timeout` seconds)."""
-        deadline = time.monotonic() + timeout
-        with self._entry:
-            turn = _flock(self._turnstile_path, True, deadline)
-            if turn is None:
-                return False
-            try:
-                with self._count:
-                    if self._holders == 0:
-                        self._shared_fd = _flock(self._readers_path, False, deadline)
-                        if self._shared_fd is None:
-                            return False
-                    self._holders += 1
-                    return True
-            finally:
-                os.close(turn)
-
-    def leave(self) -> None:
-        with self._count:
-            self._holders -= 1
-            if self._holders == 0 and self._shared_fd is not None:
-                os.close(self._shared_fd)  # closing the descriptor drops its lock
-                self._shared_fd = None
-
-    def close(self, timeout: float) -> bool:
-        """Take the gate alone once reads in flight end (False when they kept it past `timeout`)."""
-        if self._writer_fds is not None:
-            return True
-        deadline = time.monotonic() + timeout
-        turn = _flock(self._turnstile_path, True, deadline)
-        if turn is None:
-            return False
-        try:
-            alone = _flock(self._readers_path, True, deadline)
-        except BaseException:  # `.read.lock` unopenable: the turnstile held would keep every reader out for good
-            os.close(turn)
-            raise
-        if alone is None:
-            os.close(turn)
-            return False
-        self._writer_fds = (alone, turn)
-        return True
-
-    def open(self) -> None:
-        fds, self._writer_fds = self._writer_fds, None
-        for fd in fds or ():
-            os.close(fd)
-
 
 class LockingMixin:
     """The locking half of `Store` (see the module docstring for what it relies on)."""
@@ -372,26 +216,43 @@ class LockingMixin:
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
-        from filelock import FileLock, Timeout
-
+        """`<store>/.write.lock`, one writer process at a time. POSIX: our own flock (`_flock`: the lock filelock
+        takes there, so other versions still exclude this one), which never creates folders: filelock made the
+        lock file's missing folder, so a write racing a move of the store re-created it empty at the old path
+        (a server then answered "Unknown collections" from it: 1 run in 6 of the moved-store test)."""
         self.client  # the store folder exists before the lock file is made in it
-        self._make_store_dir()  # ... and is still there: filelock would recreate a moved store's folder
-        lock = FileLock(str(self._lock_path), timeout=self.settings.lock_timeout)
+        self._make_store_dir()  # ... and is still there
         try:
-            lock.acquire()
-        except Timeout:  # (a TimeoutError, so an OSError: caught first)
+            release = self._take_file_lock(time.monotonic() + self.settings.lock_timeout)
+        except OSError as exc:
+            raise self.store_error(exc) from None
+        if release is None:
             raise StoreUnavailableError(
                 f"The store {self.settings.store} is locked by another writer "
                 f"(waited {self.settings.lock_timeout:g} s)",
                 guidance="Wait for the other ingest to finish and retry, raise RESEARCH_AGENT_LOCK_TIMEOUT, "
                 "or use a Chroma server for many writers.",
-            ) from None
-        except OSError as exc:
-            raise self.store_error(exc) from None
+            )
         try:
             yield
         finally:
-            lock.release()
+            release()
+
+    def _take_file_lock(self, deadline: float) -> Any:
+        """A function releasing the write lock, or None once `deadline` passed."""
+        try:
+            import fcntl  # noqa: F401 - POSIX
+        except ImportError:  # pragma: no cover - Windows: filelock's lock (msvcrt)
+            from filelock import FileLock, Timeout
+
+            lock = FileLock(str(self._lock_path), timeout=max(0.0, deadline - time.monotonic()))
+            try:
+                lock.acquire()
+            except Timeout:
+                return None
+            return lock.release
+        fd = flock(self._lock_path, True, deadline)
+        return None if fd is None else (lambda: os.close(fd))
 
 
-__all__ = ["LockingMixin", "ReadGate", "SharedExclusiveLock"]
+__all__ = ["LockingMixin"]

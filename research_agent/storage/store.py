@@ -18,7 +18,8 @@ from typing import Any
 from research_agent.config import Settings
 from research_agent.errors import CollectionError, ConfigError, StoreUnavailableError
 from research_agent.storage.generation import GenerationMixin
-from research_agent.storage.locks import LockingMixin, ReadGate, SharedExclusiveLock
+from research_agent.storage.lock_primitives import ReadGate, SharedExclusiveLock
+from research_agent.storage.locks import LockingMixin
 from research_agent.storage.registry import RESERVED_PREFIX, RegistryMixin
 from research_agent.storage.swaps import BACKUP_PREFIX, SwapMixin, swap_target
 
