@@ -223,7 +223,12 @@ def _dotenv_layer(path: Path) -> dict[str, str]:
 
     if not path.is_file():
         return {}
-    return _env_layer({k: v for k, v in dotenv_values(path).items() if v is not None})
+    try:
+        values = dotenv_values(path, encoding="utf-8")
+    except UnicodeDecodeError:  # saved in another encoding: say which file, never "Unexpected failure"
+        raise ConfigError(f"The settings file {path} is not UTF-8 text",
+                          guidance=f"Save {path} as UTF-8 (or remove it); .env.example shows the format.") from None
+    return _env_layer({k: v for k, v in values.items() if v is not None})
 
 
 def _workspace_layer(path: Path) -> dict[str, str]:

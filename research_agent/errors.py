@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 
@@ -64,10 +65,39 @@ class QueryError(ResearchAgentError):
     default_guidance = "Rephrase the query or check its arguments."
 
 
+#: errno values and SQLite messages (as chromadb passes them on) of a store that cannot be written for want of room:
+#: the user can act on them (free space, raise `ulimit -f`), so they are coded, not "Unexpected failure".
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EIO})
+_STORAGE_MESSAGES = ("database or disk is full", "disk i/o error", "no space left on device", "file too large",
+                     "disk quota exceeded")
+
+
+def storage_failure(exc: BaseException) -> StoreUnavailableError | None:
+    """The coded error for a write the disk refused (full, quota, file size limit, I/O error), else None.
+
+    Trigger: the seventh attack pass (`ulimit -f 1000` then an ingest; a store on a full tmpfs): exit 1 /
+    -32000 "Unexpected failure (InternalError)". Matched on errno, or on the message for chromadb's errors
+    (it wraps SQLite's "(code: 778) disk I/O error" and "database or disk is full" in its own classes)."""
+    if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS:
+        cause = exc.strerror or str(exc)
+    elif any(m in str(exc).lower() for m in _STORAGE_MESSAGES):
+        cause = str(exc).rsplit(")", 1)[-1].strip() or str(exc)
+    else:
+        return None
+    return StoreUnavailableError(
+        f"The store could not be written: the disk refused ({cause[:200]})",
+        guidance="Free space on the disk that holds the store (or raise a file size limit such as `ulimit -f`), "
+                 "then retry: whatever the failed write left is undone by the next write.")
+
+
 def as_research_agent_error(exc: BaseException) -> ResearchAgentError:
-    """Our errors pass through; anything else becomes a sanitized system error."""
+    """Our errors pass through; a disk that refused a write is coded (`storage_failure`); anything else becomes a
+    sanitized system error."""
     if isinstance(exc, ResearchAgentError):
         return exc
+    refused = storage_failure(exc)
+    if refused is not None:
+        return refused
     return ResearchAgentError(
         f"Unexpected failure ({type(exc).__name__}); details are in the log.",
         guidance="Re-run with -v for the log; report the issue if it persists.",

@@ -177,3 +177,16 @@ def test_explicit_store_settings_win_over_the_os_default(bare_home, on_macos, mo
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="the Linux folder")
 def test_on_linux_the_default_store_stays_where_it_always_was(bare_home):
     assert load_settings().store == bare_home / ".local" / "share" / "research-agent" / "store"
+
+
+@pytest.mark.parametrize("where", ["workspace", "user"])
+def test_a_dotenv_that_is_not_utf8_is_a_config_error_naming_the_file(where):
+    """A `.env` holding bytes that are not UTF-8 (a file saved in another encoding) is a ConfigError naming the
+    file, never an "Unexpected failure (UnicodeDecodeError)" (the attack pass: the MCP server died with its
+    requests unanswered; the CLI's status failed the same way)."""
+    path = Path(".env") if where == "workspace" else _user_dotenv("")
+    path.write_bytes(b"RESEARCH_AGENT_LOCK_TIMEOUT=\xff\xfe\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings()
+    assert str(path.resolve()) in str(err.value) or str(path) in str(err.value)
+    assert "UTF-8" in str(err.value) and "UTF-8" in err.value.data["guidance"]

@@ -341,6 +341,8 @@ def status_report(console: Console, s: Any) -> None:
 
 
 def doctor_report(console: Console, r: Any) -> None:
+    from research_agent.ops.doctor import REPAIR_ADVICE
+
     table = Table(title="Store check", title_justify="left", title_style="bold")
     for col in ("collection", "documents", "chunks", "orphan chunks", "incomplete documents", "unfinished writes"):
         table.add_column(col)
@@ -352,9 +354,15 @@ def doctor_report(console: Console, r: Any) -> None:
         console.print(f"[yellow]leftover: {escape(item)}[/yellow]")
     for action in r.actions:
         console.print(f"[green]repaired: {escape(action)}[/green]")
-    console.print(
-        "[green]healthy[/green]" if r.healthy else "[red]problems found: run `research-agent doctor --repair`[/red]"
-    )
+    for lease in getattr(r, "reindexes", []):
+        console.print(f"[yellow]reindex in progress: {escape(lease.collection)} (pid {lease.pid} on "
+                      f"{escape(str(lease.host))})[/yellow]")
+    if r.healthy:
+        console.print("[green]healthy[/green]")
+    elif r.repaired or REPAIR_ADVICE not in r.advice:
+        console.print("[red]problems left: see the notes[/red]")  # another repair would not fix them
+    else:
+        console.print("[red]problems found: run `research-agent doctor --repair`[/red]")
 
 
 def document_content(console: Console, d: Any) -> None:

@@ -1,7 +1,14 @@
-"""Doctor: check the store for what an interrupted write can leave behind, and repair it."""
+"""Doctor: check the store for what an interrupted write can leave behind, and repair it.
+
+On a Chroma server other processes write while doctor runs, and no lock is shared with them, so a scan is
+only a list of candidates: every destructive step re-reads each candidate by id right before it acts
+(`_confirmed_orphans`, `_confirmed_incomplete`, `_stray_records`), and the working copies and backups of a
+collection with a live reindex lease are never touched (the lease is reported in `reindexes`).
+"""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,9 +17,9 @@ from pydantic import BaseModel
 from research_agent.ingest.folder import is_gone
 from research_agent.ingest.prepare import version_ids
 from research_agent.ingest.service import STALE_INTENT_SECONDS, delete_chunks, recover_interrupted
-from research_agent.storage.chunks import all_ids
-from research_agent.storage.registry import INTENT
-from research_agent.storage.swaps import swap_target
+from research_agent.storage.chunks import all_ids, records
+from research_agent.storage.registry import DOCUMENT, INTENT, document_key
+from research_agent.storage.swaps import LEASE, LEASE_SECONDS, lease_key, reindex_lease, swap_target
 from research_agent.storage.writer import announce_intents
 
 if TYPE_CHECKING:
@@ -34,6 +41,17 @@ class CollectionCheck(BaseModel):
     # Writes whose intent is still recorded: in progress, or killed (possibly between their manifest flip and
     # the revision bump that tells other processes' keyword indexes). Not healthy until they finish or are undone.
     unfinished_writes: int = 0
+    # Who holds each unfinished write ("pid 4242 on host-a, 12 s old"): what to wait for when repair cannot act.
+    unfinished_by: list[str] = []
+
+
+class ReindexInfo(BaseModel):
+    """A live reindex lease: writes to `collection` by other processes are refused until it ends."""
+
+    collection: str
+    host: str | None = None
+    pid: int | None = None
+    since: str = ""
 
 
 class DoctorReport(BaseModel):
@@ -44,6 +62,8 @@ class DoctorReport(BaseModel):
     actions: list[str]
     # What to run for what doctor reports but does not repair (documents whose files are gone).
     advice: list[str] = []
+    # Reindexes under way (live leases): their working copies and backups are theirs, never touched here.
+    reindexes: list[ReindexInfo] = []
 
 
 def _check_collection(c: Container, col: Any, repair: bool, actions: list[str]) -> CollectionCheck:
@@ -61,19 +81,7 @@ def _check_collection(c: Container, col: Any, repair: bool, actions: list[str]) 
         key for key, m in manifests.items() if any(cid not in present for cid in version_ids(name, [m]))
     )
     if repair and (orphans or incomplete):
-        # An incomplete document's surviving chunks go too: its manifest is dropped, so the next
-        # ingest adds the file again from scratch.
-        doomed = orphans + [cid for cid in version_ids(name, [manifests[k] for k in incomplete]) if cid in present]
-        with c.store.write_lock():
-            # Readers can see only the dropped manifests change (no manifest names an orphan, so no index
-            # holds one): a record naming those documents, logged before they go (as a delete does), lets each
-            # keyword index catch up by the log instead of comparing every manifest (~7 s at 1M documents).
-            rev = c.store.log_change(name, (manifests[k]["document"] for k in incomplete))
-            delete_chunks(col, doomed)
-            c.store.registry_delete(incomplete)
-            c.store.bump_revision(name, rev)
-        actions.append(f"{name}: removed {len(orphans)} orphan chunks, {len(incomplete)} incomplete documents "
-                       "(re-ingest them)")
+        _remove_damage(c, name, col, orphans, incomplete, actions)
     missing = _missing_files(manifests)
     return CollectionCheck(
         collection=name,
@@ -84,7 +92,83 @@ def _check_collection(c: Container, col: Any, repair: bool, actions: list[str]) 
         missing_files=len(missing),
         missing_examples=missing[:MISSING_EXAMPLES],
         unfinished_writes=len(unfinished),
+        unfinished_by=[_writer(i) for i in unfinished.values()],
     )
+
+
+def _remove_damage(c: Container, name: str, col: Any, orphans: list[str], incomplete: list[str],
+                   actions: list[str]) -> None:
+    """Delete the orphans and incomplete documents that a fresh read by id confirms, nothing the scan alone
+    suggested: on a Chroma server a scan can miss a manifest another process re-added meanwhile (its chunks
+    then looked orphaned: 10 deleted in the attack run), and a whole write can land between the manifest scan
+    and the chunk scan (its new chunks looked orphaned and its manifest incomplete: the document was deleted)."""
+    with c.store.write_lock():
+        doomed_orphans = _confirmed_orphans(c, name, col, orphans)
+        dropped = _confirmed_incomplete(c, name, col, incomplete)
+        # An incomplete document's surviving chunks go too: its manifest is dropped, so the next ingest adds
+        # the file again from scratch. Readers can see only the dropped manifests change (no manifest names an
+        # orphan, so no index holds one): a record naming those documents, logged before they go (as a delete
+        # does), lets each keyword index catch up by the log instead of comparing every manifest (~7 s at 1M).
+        doomed = doomed_orphans + sorted(_present(col, version_ids(name, dropped.values())))
+        rev = c.store.log_change(name, (m["document"] for m in dropped.values()))
+        delete_chunks(col, doomed)
+        c.store.registry_delete(list(dropped))
+        c.store.bump_revision(name, rev)
+    kept = len(orphans) - len(doomed_orphans) + len(incomplete) - len(dropped)
+    actions.append(f"{name}: removed {len(doomed_orphans)} orphan chunks, {len(dropped)} incomplete documents "
+                   "(re-ingest them)" + (f"; left {kept} that a fresh read showed in use or gone" if kept else ""))
+
+
+def _present(col: Any, ids: list[str]) -> set[str]:
+    return {rec[0] for rec in records(col, [], ids=ids)}
+
+
+def _confirmed_orphans(c: Container, name: str, col: Any, candidates: list[str]) -> list[str]:
+    """The candidates still orphaned by a fresh read: intents of the collection FIRST, then, by id, the
+    manifests of the candidates' documents; a chunk either names is kept.
+
+    Why this order is race-free with the write protocol (storage/writer.py: 0 intent, 1 chunks, 2 log + flip,
+    3 delete old, 4 bump, 5 clear intent): a live write's new chunk exists only after its intent (0 before 1),
+    and its intent is cleared only after the manifest names the chunk (2 before 5). Read at time t1, the
+    intents either still hold the write (kept), or it cleared before t1, so its flip came before t1 and the
+    manifests read after t1 name the chunk (kept) unless a later write has replaced that version (then the
+    chunk is a true orphan). Read the other way round, a write flipping and clearing between the two reads
+    was in neither, and its live chunks were deleted. Left open: a new write of the very same content
+    (same chunk ids) starting between these reads and the delete, milliseconds later.
+    """
+    if not candidates:
+        return []
+    intents = c.store.registry_find(INTENT, name)
+    meta = {cid: m or {} for cid, m in records(col, ["metadatas"], ids=candidates)}
+    docs = {m.get("source_document") for m in meta.values() if m.get("source_document")}
+    manifests = c.store.registry_get([document_key(name, d) for d in sorted(docs)])
+    named = set(version_ids(name, [*manifests.values(), *(v for i in intents.values() for v in i["versions"])]))
+    return [cid for cid in candidates if cid in meta and cid not in named]
+
+
+def _confirmed_incomplete(c: Container, name: str, col: Any, candidates: list[str]) -> dict[str, dict[str, Any]]:
+    """The candidate manifests (keys) a fresh read still shows incomplete: the manifest by id, its chunks by
+    id, then the intents (none may name the document), then the manifest again, unchanged.
+
+    Why: a write's chunks are all in before its flip, so a manifest read at t1 has them all until a later write
+    replaces that version; that write holds an intent from before its flip to after its delete, so the intents
+    read after the chunks show it, or it finished and the second manifest read shows its new version. Left
+    open: a write that starts after the last read and flips before the delete (milliseconds).
+    """
+    if not candidates:
+        return {}
+    fresh = c.store.registry_get(candidates)
+    present = _present(col, version_ids(name, fresh.values()))
+    short = {k: m for k, m in fresh.items() if any(cid not in present for cid in version_ids(name, [m]))}
+    busy = {v["document"] for i in c.store.registry_find(INTENT, name).values() for v in i["versions"]}
+    again = c.store.registry_get(list(short))
+    return {k: m for k, m in short.items()
+            if m["document"] not in busy and again.get(k, {}).get("content_hash") == m["content_hash"]}
+
+
+def _writer(intent: dict[str, Any]) -> str:
+    age = max(0, int(time.time() - float(intent.get("created", 0))))
+    return f"pid {intent.get('pid', '?')} on {intent.get('host', 'an unknown host')}, {age} s old"
 
 
 def _settle_writes(c: Container, name: str, col: Any, actions: list[str]) -> None:
@@ -110,53 +194,106 @@ REPAIR_ADVICE = ("run `research-agent doctor --repair` (MCP: check_store with re
                  "listed; it never deletes a reindex backup that holds more than its live collection")
 
 
-def _advice(checks: list[CollectionCheck]) -> list[str]:
+def _advice(checks: list[CollectionCheck], repaired: bool) -> list[str]:
     return [f"{ch.collection}: {ch.missing_files} documents whose files are gone "
             f"({', '.join(ch.missing_examples)}{', ...' if ch.missing_files > len(ch.missing_examples) else ''}); "
             f"run `research-agent kb prune --collection {ch.collection} --dry-run`, then without --dry-run, "
             "to remove them" for ch in checks if ch.missing_files] + [
-        f"{ch.collection}: {ch.unfinished_writes} unfinished writes (in progress, or their writer was killed); "
-        "`research-agent doctor --repair` announces them to readers now and undoes those of writers known dead "
-        f"(this machine's, or older than {int(STALE_INTENT_SECONDS)} s)" for ch in checks if ch.unfinished_writes]
+        _unfinished_advice(ch, repaired) for ch in checks if ch.unfinished_writes]
 
 
-def _swap_leftovers(c: Container, repair: bool, actions: list[str]) -> list[str]:
-    """A reindex's working copies and backups; repair restores or drops them, never a backup holding more."""
-    if not repair:
-        return c.store.swap_leftovers()
-    actions += c.store.recover_swaps(force=True)
-    left = c.store.swap_leftovers()
-    actions += [f"kept {n}: it holds more chunks than {swap_target(n)!r}; check that collection with "
-                f"`research-agent collections info {swap_target(n)}`, delete it if it is incomplete, then run "
-                "`research-agent doctor --repair` again to restore the backup" for n in left]
+def _unfinished_advice(ch: CollectionCheck, repaired: bool) -> str:
+    """After a repair the writes left are ones it may not undo (young, of a process not known dead: on another
+    machine, or alive): running it again changes nothing until they finish or turn STALE_INTENT_SECONDS old."""
+    who = "; ".join(ch.unfinished_by[:MISSING_EXAMPLES]) + ("; ..." if len(ch.unfinished_by) > MISSING_EXAMPLES else "")
+    if repaired:
+        return (f"{ch.collection}: {ch.unfinished_writes} unfinished writes ({who}) are in progress or their writer "
+                f"died on another machine; wait until they finish, or until they are {int(STALE_INTENT_SECONDS)} s "
+                "old, when any write or repair undoes them")
+    return (f"{ch.collection}: {ch.unfinished_writes} unfinished writes ({who}; in progress, or their writer was "
+            "killed); `research-agent doctor --repair` announces them to readers now and undoes those of writers "
+            f"known dead (this machine's, or older than {int(STALE_INTENT_SECONDS)} s)")
+
+
+def _live_reindexes(c: Container) -> list[ReindexInfo]:
+    """Live reindex leases (storage/swaps.py `reindex_lease`: renewed within LEASE_SECONDS, holder not dead)."""
+    prefix = lease_key("")
+    found = []
+    for key in sorted(c.store.registry_find(LEASE)):
+        lease = reindex_lease(c.store, key[len(prefix):]) if key.startswith(prefix) else None
+        if lease is not None:
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(lease.get("started", 0))))
+            found.append(ReindexInfo(collection=key[len(prefix):], host=lease.get("host"), pid=lease.get("pid"),
+                                     since=since))
+    return found
+
+
+def _reindex_advice(r: ReindexInfo) -> str:
+    return (f"{r.collection}: being reindexed since {r.since} by pid {r.pid} on {r.host}; other processes' writes "
+            "to it are refused meanwhile and its working copy is left alone; wait for `research-agent kb reindex` "
+            f"to finish (a dead reindex stops blocking {int(LEASE_SECONDS)} s after its last renewal)")
+
+
+def _swap_leftovers(c: Container, repair: bool, actions: list[str], busy: set[str]) -> list[str]:
+    """A reindex's working copies and backups; repair restores or drops them, never a backup holding more, and
+    never those of a collection in `busy` (a live reindex's: its working copy is filling and its backup is
+    still read while it settles; deleting the copy killed the reindex with NotFoundError)."""
+    if repair and not busy:
+        actions += c.store.recover_swaps(force=True)
+    elif repair:  # one target at a time; a name without one waits until the reindexes end
+        for target in sorted({swap_target(n) for n in c.store.swap_leftovers()} - busy - {None}):
+            actions += c.store.recover_swaps(only=target, force=True)
+    left = [n for n in c.store.swap_leftovers() if swap_target(n) not in busy]
+    if repair:
+        actions += [f"kept {n}: it holds more chunks than {swap_target(n)!r}; check that collection with "
+                    f"`research-agent collections info {swap_target(n)}`, delete it if it is incomplete, then run "
+                    "`research-agent doctor --repair` again to restore the backup" for n in left]
     return left
 
 
-def run_doctor(c: Container, repair: bool = False) -> DoctorReport:
-    """Find orphan chunks, incomplete documents and leftovers of an interrupted reindex; fix them with repair."""
+def run_doctor(c: Container, repair: bool = False, *, repaired: bool = False) -> DoctorReport:
+    """Find orphan chunks, incomplete documents and leftovers of an interrupted reindex; fix them with repair.
+    `repaired`: this check follows a repair (its advice then never says to run the repair again)."""
     c.store.refresh()
     actions: list[str] = []
-    leftovers = _swap_leftovers(c, repair, actions)
+    reindexes = _live_reindexes(c)
+    leftovers = _swap_leftovers(c, repair, actions, {r.collection for r in reindexes})
     checks = [_check_collection(c, col, repair, actions) for col in c.store.list_collections()]
-    known = {ch.collection for ch in checks}
-    stray = [k for k, m in c.store.registry_find("document").items() if m.get("collection") not in known]
-    if stray:
-        if repair:
-            with c.store.write_lock():
-                c.store.registry_delete(stray)
-            actions.append(f"removed {len(stray)} records of deleted collections")
-        leftovers.append(f"{len(stray)} document records of deleted collections")
+    leftovers += _stray_records(c, {r.collection for r in reindexes}, repair, actions)
     if repair:
         # Report the store as it is now, not as it was found.
-        after = run_doctor(c, repair=False)
-        return DoctorReport(healthy=after.healthy, repaired=True, collections=after.collections,
-                            leftovers=after.leftovers, actions=actions, advice=after.advice)
-    healthy = not leftovers and all(not ch.orphan_chunks and not ch.incomplete_documents and not ch.unfinished_writes
-                                    for ch in checks)
+        after = run_doctor(c, repaired=True)
+        return after.model_copy(update={"repaired": True, "actions": actions})
+    fixable = bool(leftovers) or any(_fixable(ch, repaired) for ch in checks)
+    healthy = not fixable and not reindexes and not any(ch.unfinished_writes for ch in checks)
     # The next move goes in the report itself: a script reading --json (or an MCP client) sees no text output.
-    repair_first = [] if healthy else [REPAIR_ADVICE]
     return DoctorReport(healthy=healthy, repaired=False, collections=checks, leftovers=leftovers, actions=actions,
-                        advice=repair_first + _advice(checks))
+                        advice=([REPAIR_ADVICE] if fixable else []) + _advice(checks, repaired)
+                        + [_reindex_advice(r) for r in reindexes], reindexes=reindexes)
+
+
+def _fixable(ch: CollectionCheck, repaired: bool) -> bool:
+    """What another `doctor --repair` would fix. Right after one, unfinished writes (and the incomplete
+    documents they name, kept) are a live or foreign writer's: only waiting helps (`_unfinished_advice`)."""
+    if repaired and ch.unfinished_writes:
+        return bool(ch.orphan_chunks)
+    return bool(ch.orphan_chunks or ch.incomplete_documents or ch.unfinished_writes and not repaired)
+
+
+def _stray_records(c: Container, busy: set[str], repair: bool, actions: list[str]) -> list[str]:
+    """Manifests of collections that are gone. The collections are listed AFTER the manifests are read: a
+    manifest is written only into an existing collection, so one created by another process meanwhile is
+    listed; and one under reindex (`busy`) is briefly missing between its renames: not strays either."""
+    manifests = c.store.registry_find(DOCUMENT)
+    known = {col.name for col in c.store.list_collections()} | busy
+    stray = [k for k, m in manifests.items() if m.get("collection") not in known]
+    if not stray:
+        return []
+    if repair:
+        with c.store.write_lock():
+            c.store.registry_delete(stray)
+        actions.append(f"removed {len(stray)} records of deleted collections")
+    return [f"{len(stray)} document records of deleted collections"]
 
 
 __all__ = ["run_doctor", "DoctorReport"]
