@@ -548,6 +548,19 @@ async def test_a_cancelled_ingest_stops_writing(fake_embedder, _mcp_docs, monkey
         assert status["running_jobs"] == []
 
 
+def test_a_cancelled_call_is_logged_as_the_clients_choice_not_an_unexpected_failure(caplog):
+    """The worker's CallCancelled (Ctrl-C or a closed stdin mid-ingest, the seventh attack pass) gave an ERROR
+    "Unexpected failure" with a 41-line traceback; it is one info line and a coded answer."""
+    import logging
+
+    from research_agent.mcp.errors import CallCancelled, to_tool_failure
+
+    with caplog.at_level(logging.INFO, logger="research_agent"):
+        failure = to_tool_failure(CallCancelled("ingest_documents cancelled by the client"), "ingest_documents")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert "cancelled" in str(failure.error) and "Unexpected" not in str(failure.error)
+
+
 def partial_call(client, on_progress, path):
     async def run():
         await client.call_tool("ingest_documents", {"path": path, "collection": "kb1"}, progress_handler=on_progress)

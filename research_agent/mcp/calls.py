@@ -30,7 +30,7 @@ from fastmcp import Context, FastMCP
 from fastmcp.tools import FunctionTool, ToolResult
 
 from research_agent.container import Container
-from research_agent.mcp.errors import ToolFailure, call_timeout, invalid_params, to_tool_failure
+from research_agent.mcp.errors import CallCancelled, ToolFailure, call_timeout, invalid_params, to_tool_failure
 from research_agent.mcp.lifespan import DEFER_MODELS, LOADING_MODEL, ModelsNotReady, ServerState
 from research_agent.mcp.params import lean_input, result_schema
 from research_agent.mcp.render import render
@@ -39,10 +39,6 @@ log = logging.getLogger("research_agent.mcp")
 
 #: What an action of a combined tool does: "read" (timed, changes nothing), "write", or "delete".
 Effect = Literal["read", "write", "delete"]
-
-
-class CallCancelled(Exception):
-    """Raised inside a worker thread at its next progress report once the client cancelled the call."""
 
 
 def state(ctx: Context) -> ServerState:

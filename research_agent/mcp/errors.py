@@ -116,10 +116,20 @@ def call_timeout(tool: str, seconds: float, warming_up: bool = False, loading_mo
                     "RESEARCH_AGENT_CALL_TIMEOUT."})
 
 
+class CallCancelled(Exception):
+    """Raised inside a worker thread at its next progress report once the client cancelled the call (or left)."""
+
+
 def to_tool_failure(exc: Exception, tool: str) -> ToolFailure:
-    """Wrap what a tool body raised; unexpected exceptions are logged with their traceback here."""
+    """Wrap what a tool body raised; unexpected exceptions are logged with their traceback here. A cancelled
+    call is the client's choice, not our failure: one info line (the attack pass saw a 41-line "Unexpected
+    failure" traceback for each Ctrl-C or closed stdin during an ingest)."""
     if isinstance(exc, (ResearchAgentError, MCPError)):
         return ToolFailure(exc)
+    if isinstance(exc, CallCancelled):
+        log.info("%s", exc)
+        return ToolFailure(ResearchAgentError(str(exc), guidance="Send the call again to run it: what it had "
+                                              "written stays (each batch is whole), the rest is skipped."))
     log.error("Unexpected failure in tool %s", tool, exc_info=exc)
     return ToolFailure(as_research_agent_error(exc))
 
@@ -280,6 +290,6 @@ class ErrorMappingMiddleware(Middleware):
         return await self._map(context, call_next, "prompt")
 
 
-__all__ = ["CALL_TIMEOUT", "INVALID_PARAMS", "ErrorMappingMiddleware", "ToolFailure", "argument_kind",
-           "call_timeout", "capped", "clip", "coded", "describe_arguments", "invalid_params", "to_mcp_error",
-           "to_tool_failure"]
+__all__ = ["CALL_TIMEOUT", "INVALID_PARAMS", "CallCancelled", "ErrorMappingMiddleware", "ToolFailure",
+           "argument_kind", "call_timeout", "capped", "clip", "coded", "describe_arguments", "invalid_params",
+           "to_mcp_error", "to_tool_failure"]
