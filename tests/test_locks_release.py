@@ -20,7 +20,7 @@ import pytest
 
 from research_agent.catalog import collections
 from research_agent.container import build_container
-from research_agent.errors import ConfigError, StoreUnavailableError
+from research_agent.errors import ConfigError
 from research_agent.storage import lock_primitives
 from research_agent.storage.lock_primitives import ReadGate
 
@@ -81,7 +81,7 @@ def test_a_process_whose_generation_write_fails_leaves_other_processes_free_to_r
         collections.create_collection(c, "from-b")
         assert time.monotonic() - started < HANG
         assert (c.settings.store / ".generation").is_file()
-        assert line.startswith("coded -32001 StoreUnavailableError"), line  # A was told, with a code
+        assert line == "ok", line  # A's write committed and stands (it answered -32001 before: finding 4, 7th pass)
     finally:
         child.stdin.close()
         child.wait(timeout=HANG)
@@ -103,6 +103,7 @@ def test_a_failing_generation_write_while_readers_are_admitted_leaves_the_client
                 store.admit_readers()
         except Exception as exc:  # noqa: BLE001 - the test checks which
             outcome.append(exc)
+        outcome.append(store.unpublished)
         generation.rmdir()
         with store.write_lock():
             pass
@@ -112,8 +113,9 @@ def test_a_failing_generation_write_while_readers_are_admitted_leaves_the_client
     thread.start()
     thread.join(HANG)
     assert not thread.is_alive(), "the second write hung"
-    assert isinstance(outcome[0], StoreUnavailableError) and outcome[1:] == ["second write done"], outcome
-    assert str(generation) in outcome[0].message
+    assert len(outcome) == 2 and outcome[1] == "second write done", outcome
+    assert str(generation) in outcome[0]  # the failure to publish is a warning, not the write's error
+    assert store.unpublished is None  # the second write published
     assert _names(c) == ["shared"]  # the gate is open for this process's readers too
 
 

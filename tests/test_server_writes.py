@@ -306,3 +306,154 @@ def test_a_live_reindex_lease_refuses_a_write_with_a_coded_error_and_a_dead_one_
         assert_consistent(c, collection)
     finally:
         c.close()
+
+
+# -- the lease and intents against other machines' clocks and against a second reindex (tester's findings 4-6) --
+def test_lease_and_intent_dates_tolerate_clock_skew_but_never_absurd_ones():
+    """A lease counts while now - renewed is within [-CLOCK_SKEW_SECONDS, LEASE_SECONDS]; an intent dated
+    further ahead than the skew is a dead (recoverable) one, however young it claims to be."""
+    from research_agent.storage.swaps import CLOCK_SKEW_SECONDS, LEASE_SECONDS, intent_stale, lease_live
+
+    now = 1_800_000_000.0
+    lease = {"started": now, "host": "another-machine", "pid": 4242}
+    assert lease_live({**lease, "renewed": now}, now)
+    assert lease_live({**lease, "renewed": now + CLOCK_SKEW_SECONDS - 1}, now)  # a clock ahead within the skew
+    assert lease_live({**lease, "renewed": now - LEASE_SECONDS + 1}, now)
+    assert not lease_live({**lease, "renewed": now + CLOCK_SKEW_SECONDS + 1}, now)  # absurd: ignored
+    assert not lease_live({**lease, "renewed": now - LEASE_SECONDS - 1}, now)  # not renewed: dead
+    intent = {"versions": [], "host": "another-machine", "pid": 4242}
+    assert not intent_stale({**intent, "created": now - 10}, 600, now)
+    assert not intent_stale({**intent, "created": now + CLOCK_SKEW_SECONDS - 1}, 600, now)
+    assert intent_stale({**intent, "created": now + CLOCK_SKEW_SECONDS + 1}, 600, now)
+    assert intent_stale({**intent, "created": now - 600}, 600, now)
+    assert intent_stale({**intent, "created": now + 5}, 0, now)  # embedded (min_age 0): every intent is dead
+
+
+def _future_intent(c, collection: str, seconds_ahead: float) -> str:
+    """An intent of another machine whose clock is `seconds_ahead` (the tester's fake_intent.py)."""
+    from research_agent.storage.registry import INTENT, intent_key
+
+    m = next(iter(c.store.registry_find("document", collection).values()))
+    key = intent_key(collection)
+    c.store.registry_put({key: {"versions": [{k: m[k] for k in ("document", "content_hash", "chunk_count")}],
+                                "created": time.time() + seconds_ahead, "host": "another-machine", "pidns": None,
+                                "pid": 4242}}, INTENT, collection)
+    return key
+
+
+@pytest.mark.slow
+def test_a_future_dated_lease_or_intent_of_another_machine_blocks_nothing(tmp_path, chroma_server, fake_embedder):
+    """Finding 4: a lease renewed an hour 'in the future' refused every write for an hour, and an intent dated a
+    day ahead made each `kb reindex` wait LEASE_DRAIN_SECONDS twice (134 s for 53 documents) with a raw WARNING
+    line on the terminal. Now: the lease is ignored, a lease ahead within the skew still refuses (with the real
+    command in its guidance, finding 6), and the reindex recovers the intent and finishes at once, quietly."""
+    from research_agent.errors import StoreUnavailableError
+    from research_agent.ingest.service import ingest_path
+    from research_agent.storage.swaps import LEASE, lease_key
+
+    collection = _unique("skew")
+    c = _open(chroma_server)
+    try:
+        docs = _seed(c, tmp_path, collection, 3)
+        other = {"started": time.time(), "host": "another-machine", "pidns": None, "pid": 4242}
+        c.store.registry_put({lease_key(collection): {**other, "renewed": time.time() + 60}}, LEASE, collection)
+        (docs / "d1.txt").write_text("document d1 second version\n")
+        with pytest.raises(StoreUnavailableError) as refused:
+            ingest_path(c, docs / "d1.txt", collection)
+        assert f"research-agent kb reindex --collection {collection}" in refused.value.data["guidance"]
+        c.store.registry_put({lease_key(collection): {**other, "renewed": time.time() + 3600}}, LEASE, collection)
+        assert ingest_path(c, docs / "d1.txt", collection).updated == 1
+        c.store.registry_delete([lease_key(collection)])
+        intent = _future_intent(c, collection, 86400)
+        proc = run_cli(tmp_path, "kb", "reindex", "--collection", collection, fake=True,
+                       env=_server_env(chroma_server), timeout=60)  # old code: 2 x 60 s of draining
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "research_agent.storage.swaps" not in proc.stderr
+        assert intent not in c.store.registry_find("intent", collection)
+        c.store.refresh()
+        assert_consistent(c, collection)
+    finally:
+        c.close()
+
+
+# Takes the reindex lease of a collection at a given wall-clock time, with a pause between its look for another
+# lease and its first lease write (the tester's rx_slow.py); prints "won" or "lost", holds a won lease HOLD s.
+LEASE_TAKER = '''
+import sys, time
+from research_agent.container import build_container
+from research_agent.errors import StoreUnavailableError
+from research_agent.storage import swaps
+coll, at, pause, hold = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+c = build_container()
+put, paused = c.store.registry_put, []
+def slow_put(records, kind, collection):
+    if kind == swaps.LEASE and not paused:
+        paused.append(1)
+        time.sleep(pause)
+    return put(records, kind, collection)
+c.store.registry_put = slow_put
+time.sleep(max(0.0, at - time.time()))
+try:
+    with swaps.ReindexLease(c.store, coll, stale_intent_seconds=600):
+        print("won", flush=True)
+        time.sleep(hold)
+except StoreUnavailableError as exc:
+    print("lost", exc.message, flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("offset", "pause"), [(1.5, 3.0), (0.0, 0.0)], ids=["tester-timing", "same-moment"])
+def test_two_reindexes_racing_for_the_lease_never_both_take_it(tmp_path, chroma_server, fake_embedder, offset,
+                                                               pause):
+    """Finding 5: the lease was looked for, then written: two reindexes 1.5 s apart with 3 s between look and
+    write both took it (one died with NotFoundError in the swap). Never two winners: 1.5 s apart the first wins
+    and the other gets the coded 'already being reindexed' error, leaving the winner's lease in place; started
+    at the same moment both may lose (run again), never both win. Nothing is left behind."""
+    from research_agent.storage.swaps import lease_key
+
+    collection = _unique("race")
+    c = _open(chroma_server)
+    try:
+        _seed(c, tmp_path, collection, 1)
+        (tmp_path / "taker.py").write_text(LEASE_TAKER, encoding="utf-8")
+        env = _server_env(chroma_server)
+        at = time.time() + 8  # both processes have started (imports) by then
+        procs = [subprocess.Popen([sys.executable, str(tmp_path / "taker.py"), collection, str(at + delay),
+                                   str(pause), "6"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for delay in (0.0, offset)]
+        outs = [p.communicate(timeout=90) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+        verdicts = [out.split()[0] for out, _ in outs]
+        assert verdicts.count("won") <= 1, outs
+        if offset:
+            assert verdicts == ["won", "lost"], outs
+        assert all("already being reindexed" in out for out, _ in outs if out.startswith("lost")), outs
+        assert not c.store.registry_find("lease", collection), "a lease or claim was left behind"
+        assert lease_key(collection) not in c.store.registry_get([lease_key(collection)])
+    finally:
+        c.close()
+
+
+@pytest.mark.slow
+def test_a_reindex_leaving_deletes_only_its_own_lease(tmp_path, chroma_server, fake_embedder):
+    """Finding 5: ReindexLease.__exit__ deleted the lease even when another reindex had taken it over since
+    (after this one's lease went unrenewed for LEASE_SECONDS): that reindex's writers were then let in. Its next
+    renewal now stops it with the coded error instead of writing over the other's lease."""
+    from research_agent.errors import StoreUnavailableError
+    from research_agent.storage.swaps import LEASE, LEASE_RENEW_SECONDS, ReindexLease, lease_key
+
+    collection = _unique("own")
+    c = _open(chroma_server)
+    try:
+        _seed(c, tmp_path, collection, 1)
+        takeover = {"started": time.time(), "renewed": time.time(), "host": "another-machine", "pidns": None,
+                    "pid": 4242, "token": "someone-else"}
+        with ReindexLease(c.store, collection, stale_intent_seconds=600) as lease:
+            c.store.registry_put({lease_key(collection): takeover}, LEASE, collection)
+            lease.renewed -= LEASE_RENEW_SECONDS  # its renewal is due
+            with pytest.raises(StoreUnavailableError, match="already being reindexed"):
+                lease.renew()
+        assert c.store.registry_get([lease_key(collection)]).get(lease_key(collection)) == takeover
+    finally:
+        c.close()

@@ -206,4 +206,47 @@ def test_a_stdio_server_answers_a_coded_error_while_its_store_is_moved_and_answe
     stderr = s.stderr()
     assert "Traceback" not in stderr, stderr[-3000:]
     warnings = [line for line in stderr.splitlines() if " WARNING " in line or " ERROR " in line]
-    assert len(warnings) <= 1, warnings  # the watcher's one line, not one per query
+    # The watcher's one line, not one per query; and at most one from a write (the query history's) that committed
+    # as the folder moved and could not tell other processes (storage/locks.py `_publish`).
+    assert len(warnings) <= 2 and len({line.split()[3] for line in warnings}) == len(warnings), warnings
+    assert all(str(store) in line for line in warnings), warnings
+
+
+@pytest.mark.slow
+def test_a_stdio_server_refuses_a_store_another_process_re_created_at_its_path(tmp_path):
+    """Finding 3 of the seventh attack pass: `mv store store.mv; research-agent status` made an empty store at the
+    path and the server adopted it (a new inode looked like a copy put back): "Collection not found"."""
+    env = {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"}
+    store = Path(env["RESEARCH_AGENT_STORE"])
+    s = _McpStdioSession(tmp_path / "work", env)
+    try:
+        _initialize(s)
+        assert "result" in _tool(s, 2, "manage_collections", action="create", collection_name="kept")
+        added = _tool(s, 3, "manage_documents", action="add-note", collection="kept", title="Router",
+                      content="The zebracorn router switches traffic after health checks pass.")
+        assert "result" in added and added["result"]["isError"] is False, added
+        query = {"query": "zebracorn router", "collections": ["kept"], "mode": "keyword", "rerank": False}
+        assert len(_found(_tool(s, 4, "query_knowledge_base", **query))) == 1
+
+        moved = _moved(store)
+        status = subprocess.run([sys.executable, "-m", "research_agent", "status"], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=HANG * 5)
+        assert store.is_dir(), status.stderr[-2000:]  # the CLI made a new, empty store at the path
+        for request_id in (5, 6):
+            reply = _tool(s, request_id, "query_knowledge_base", **query)
+            error = reply.get("error")
+            assert error and error["code"] == -32001, reply  # "Collection not found" from the empty store before
+            assert "not the one this process opened" in error["message"] and str(store) in error["message"]
+        wrote = _tool(s, 7, "manage_collections", action="create", collection_name="into-the-new-one")
+        assert wrote.get("error", {}).get("code") == -32001, wrote
+
+        shutil.rmtree(store)
+        moved.rename(store)
+        assert len(_found(_tool(s, 8, "query_knowledge_base", **query))) == 1  # the original again, no restart
+        assert s.close() == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+    stderr = s.stderr()
+    assert "Traceback" not in stderr, stderr[-3000:]

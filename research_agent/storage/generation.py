@@ -5,16 +5,26 @@ index in memory would answer from before the commit), and the freshness watcher 
 
 `GenerationMixin` is the part of `Store` that does it; it uses the Store's `settings`, `_client`, `_meta`, `_local`,
 `_use`, `_connect_lock`, `_connect`, `_generation`, `_warmed`, `_warmer`, `reopens` and `store_error`.
+
+The store's identity is `<store>/.store-id` (a uuid written once, on the first open by this version): a copy of
+the folder keeps it, a store re-created at the path gets another one (`_current` refuses that one).
+The small files of the store are read and written here without following symlinks (`read_small`,
+`replace_small`): anyone who can write into a shared store must not make a writer overwrite their files.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+from research_agent.errors import StoreUnavailableError
+from research_agent.storage.lock_primitives import NOFOLLOW
 
 log = logging.getLogger("research_agent.storage.store")
 
@@ -22,6 +32,60 @@ log = logging.getLogger("research_agent.storage.store")
 #: (seconds): its reopen and first reads took ~3.5 s at 1M chunks; a keyword index rebuilt after a `kb reindex`
 #: in another process can take minutes, and a semantic query of another collection should not wait for that.
 WARMING_WAIT_SECONDS = 15.0
+#: The store's identity file: a uuid (32 hex digits) written once, kept by a copy of the folder.
+STORE_ID_FILE = ".store-id"
+#: Bytes read from the store's small files (`.generation`, `.store-id`: 32 hex digits each): a link to /dev/zero
+#: or a huge file put there must not fill memory.
+SMALL_FILE_LIMIT = 256
+
+
+def read_small(path: Path) -> str:
+    """The text of one of the store's small files: never through a symlink (OSError ELOOP), never blocking on a
+    FIFO put there, at most SMALL_FILE_LIMIT bytes. FileNotFoundError when it is missing."""
+    fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    try:
+        return os.read(fd, SMALL_FILE_LIMIT).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def _fresh_file(path: Path, text: str) -> Path:
+    """A new temp file beside `path` holding `text` (O_EXCL|O_NOFOLLOW: never an existing file or a link's target)."""
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
+    try:
+        os.write(fd, text.encode())
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def replace_small(path: Path, text: str) -> None:
+    """Write `path` whole with one rename: it replaces a symlink at `path` itself, never its target (finding 1 of
+    the seventh attack pass: `Path.write_text` through a link overwrote /etc/passwd from the MCP server), and a
+    reader never sees a torn value. No fsync: a value lost in a crash only costs readers one reopen."""
+    tmp = _fresh_file(path, text)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def create_small(path: Path, text: str) -> str:
+    """Write `path` once (a hard link of a complete temp file: fails if anything, even a link, is there) and
+    return what it holds: two processes opening a store for the first time agree on the first one's value."""
+    tmp = _fresh_file(path, text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return read_small(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return text
 
 
 class GenerationMixin:
@@ -33,6 +97,7 @@ class GenerationMixin:
     _connect_lock: Any
     _generation: str | None
     _identity: tuple[int, int] | None
+    _store_id: str | None
     _warmed: threading.Event
     _warmer: int | None
     reopens: int
@@ -82,7 +147,7 @@ class GenerationMixin:
         if self.settings.server_mode or self._client is None:
             return False
         try:
-            now = self._generation_path.read_text()
+            now = read_small(self._generation_path)
         except FileNotFoundError as exc:
             if self.settings.store.is_dir():
                 return False  # no commit yet
@@ -112,15 +177,53 @@ class GenerationMixin:
 
     def _read_generation(self) -> str | None:
         try:
-            return self._generation_path.read_text()
+            return read_small(self._generation_path)
         except OSError:
             return None
 
     def _current(self) -> bool:
         """Whether the open client reads the store as it is now: no other process committed since (the generation)
         and the folder is the one it opened. A store folder put back from a copy keeps its generation, but Chroma
-        still holds the old folder's SQLite file open: reads came from it and writes went to it."""
-        return self._read_generation() == self._generation and self._store_identity() == self._identity
+        still holds the old folder's SQLite file open: reads came from it and writes went to it.
+
+        Raises StoreUnavailableError when another store took the path (`_check_same_store`)."""
+        if self._store_identity() != self._identity:
+            self._check_same_store()
+            return False
+        return self._read_generation() == self._generation
+
+    def _read_store_id(self) -> str | None:
+        try:
+            return read_small(self.settings.store / STORE_ID_FILE).strip() or None
+        except OSError:
+            return None
+
+    def _open_store_id(self) -> str | None:
+        """This store's id, written now if it has none (a new store, or one made by an older version); None when
+        it cannot be written (a read-only store: a folder found at the path later is then never taken for it)."""
+        found = self._read_store_id()
+        if found is not None:
+            return found
+        try:
+            return create_small(self.settings.store / STORE_ID_FILE, uuid.uuid4().hex).strip() or None
+        except OSError as exc:
+            log.debug("cannot write the store id in %s: %s", self.settings.store, exc)
+            return None
+
+    def _check_same_store(self) -> None:
+        """Another folder at the store's path: a copy of the store (same id) is reopened; any other is refused.
+
+        Trigger: with a server running, `mv store store.mv; research-agent status` made an empty store at the
+        path and the server adopted it (a new inode looked like a copy put back): it answered "Collections (0)"
+        (finding 3 of the seventh attack pass). Outcome: a coded error until the original is back or a restart."""
+        found = self._read_store_id()
+        if (found is not None and found == self._store_id) or self._store_identity() is None:
+            return  # a copy; or nothing there, which the reopen reports as a missing store
+        raise StoreUnavailableError(
+            f"The store at {self.settings.store} is not the one this process opened (it was replaced)",
+            guidance=f"Put the original store folder back at {self.settings.store}, or restart this process "
+            "(a running MCP server too) to use the new one.",
+            store=str(self.settings.store))
 
     def _store_identity(self) -> tuple[int, int] | None:
         """The store folder's (device, inode), None when it is missing (one stat, ~2 us)."""

@@ -2,7 +2,8 @@
 file with a deadline, and the read gate built from two of those (storage/locks.py puts them to work in `Store`).
 
 - `SharedExclusiveLock`: this process's threads use the client together; reopening it or writing needs it alone.
-- `flock`: a shared or exclusive flock on a file, polled until a deadline; it never creates folders.
+- `flock`: a shared or exclusive flock on a file, polled until a deadline; it never creates folders, and never
+  follows a symlink (`NOFOLLOW`).
 - `ReadGate`: across processes (embedded store), reads share `<store>/.read.lock`; a writer takes it alone
   only around its commit steps (docs/architecture.md, "Readers and writers across processes").
 """
@@ -17,6 +18,10 @@ from pathlib import Path
 # How often a reader or writer re-tries a busy read gate (seconds, doubling from the first to the last): a commit
 # of one ingest batch takes tens of milliseconds, so the first retries come soon and the poll stays cheap.
 _GATE_POLL = (0.001, 0.005)
+#: Flags that refuse a symlink as the last part of a path (ELOOP): the store may be a shared folder (team drive,
+#: Docker volume), and a lock file replaced by a link, even a dangling one, made O_CREAT create or open the
+#: link's target as the user running the writer (finding 1 of the seventh attack pass). 0 where the OS lacks it.
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class SharedExclusiveLock:
@@ -72,10 +77,12 @@ class SharedExclusiveLock:
 
 
 def flock(path: Path, exclusive: bool, deadline: float) -> int | None:
-    """An open descriptor of `path` holding a shared or exclusive flock, or None once `deadline` has passed."""
+    """An open descriptor of `path` holding a shared or exclusive flock, or None once `deadline` has passed.
+
+    A symlink at `path` raises OSError(ELOOP) instead of being followed."""
     import fcntl
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o666)
     op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
     delay = _GATE_POLL[0]
     try:
@@ -170,4 +177,4 @@ class ReadGate:
             os.close(fd)
 
 
-__all__ = ["ReadGate", "SharedExclusiveLock", "flock"]
+__all__ = ["NOFOLLOW", "ReadGate", "SharedExclusiveLock", "flock"]

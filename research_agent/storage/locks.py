@@ -7,7 +7,7 @@ commit steps; docs/architecture.md, "Readers and writers across processes").
   file lock `<store>/.write.lock`), and the gate a writer opens while it fills a reindex copy. It uses the
   Store's `settings`, `client`, `_use`, `_local`, `_lock`, `_connect_lock`, `_gate`, `_readers_admitted`,
   `_generation`, `_generation_path`, `_read_generation`, `_make_store_dir`, `store_error`, `_unpublished`,
-  `refresh` and `_reopen_if_stale`. Every way out of a write opens the gate, whatever raised.
+  `unpublished`, `refresh` and `_reopen_if_stale`. Every way out of a write opens the gate, whatever raised.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from research_agent.errors import StoreUnavailableError
+from research_agent.storage.generation import replace_small
 from research_agent.storage.lock_primitives import ReadGate, flock
 
 log = logging.getLogger("research_agent.storage.store")
@@ -103,27 +104,39 @@ class LockingMixin:
                 guidance="Try again in a moment; raise RESEARCH_AGENT_LOCK_TIMEOUT, or use a Chroma server.",
             )
 
-    def _open_gate(self, report: bool = True) -> None:
+    def _open_gate(self) -> None:
         """Let readers in again; a new generation first, so they reopen the client and see the commit.
 
         Trigger: the generation write raised (the store folder moved for a second, `.generation` replaced by a
         directory, disk full) and the gate stayed closed: every other process's reads and writes timed out until
-        this one exited (finding 4 of the sixth attack pass). Outcome: the gate opens whatever happens; the
-        failure is a StoreUnavailableError (`report`), or a log line when the write is already failing.
+        this one exited (finding 4 of the sixth attack pass). Outcome: the gate opens whatever happens.
         """
         try:
-            generation = uuid.uuid4().hex
-            self._generation_path.write_text(generation)
-            self._generation = generation
-        except OSError as exc:
-            self._generation = self._read_generation()  # what this process finds next: no needless reopen
-            error = self._unpublished(exc)
-            if report:
-                raise error from None
-            log.warning("%s", error)
+            self._publish()
         finally:
             if self._gate is not None:
                 self._gate.open()
+
+    def _publish(self) -> None:
+        """Write a new `.generation` (never through a symlink: generation.replace_small).
+
+        Trigger: with `.generation` a directory, a write that had committed answered -32001 "Cannot write
+        .generation": the client believed nothing was saved (finding 4 of the seventh attack pass). Outcome:
+        the write's result stands; other processes not being told is one log warning per distinct failure
+        (`unpublished` keeps the last one), and the next write that can publish tells them.
+        """
+        generation = uuid.uuid4().hex
+        try:
+            replace_small(self._generation_path, generation)
+        except OSError as exc:
+            self._generation = self._read_generation()  # what this process finds next: no needless reopen
+            said = self._unpublished(exc).message
+            if said != self.unpublished:
+                log.warning("%s", said)
+            self.unpublished = said
+            return
+        self._generation = generation
+        self.unpublished = None
 
     def admit_readers(self) -> None:
         """Inside a write: let readers (this process and others) read while the writer fills a working copy.
@@ -196,7 +209,6 @@ class LockingMixin:
     def _embedded_write(self) -> Iterator[None]:
         """The body of an embedded write, with the file lock held: readers paused, the client alone."""
         self._close_gate()
-        done = False
         try:
             self._use.acquire_exclusive()
             self._local.writing = 1
@@ -210,9 +222,8 @@ class LockingMixin:
                     self._use.release_shared()
                 else:
                     self._use.release_exclusive()
-            done = True
         finally:
-            self._open_gate(report=done)  # a failing write keeps its own error
+            self._open_gate()  # never raises for the generation: a write that failed keeps its own error
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:

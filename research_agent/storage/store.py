@@ -10,6 +10,7 @@ processes' writes (the generation file), and the collections: names, lookup, cre
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import threading
@@ -157,6 +158,8 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         self._readers_admitted = False  # a reindex fills its copy while readers read the live collection
         self._opened = False  # an embedded store this process opened: never recreated empty if it goes away
         self._identity: tuple[int, int] | None = None  # the store folder the client opened (device, inode)
+        self._store_id: str | None = None  # its `.store-id` (GenerationMixin._check_same_store)
+        self.unpublished: str | None = None  # the last failure to write `.generation` (LockingMixin._publish)
 
     # -- client -----------------------------------------------------------------------------
     @property
@@ -209,6 +212,7 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
             raise self._unopenable(exc) from None
         self._opened = True
         self._identity = self._store_identity()
+        self._store_id = self._open_store_id()
         return client
 
     def _probe(self) -> None:
@@ -262,7 +266,18 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         """The coded error for an OSError on the store's own files (lock files, `.generation`)."""
         if not self.settings.store.is_dir():
             return self._store_gone()
+        if exc.errno == errno.ELOOP:
+            return self._linked(exc)
         return self._unopenable(exc)
+
+    def _linked(self, exc: OSError) -> StoreUnavailableError:
+        """A lock file of the store is a symlink: never followed (lock_primitives.NOFOLLOW), said plainly."""
+        return StoreUnavailableError(
+            f"{exc.filename or self.settings.store} is a symbolic link; research-agent never opens the store's "
+            "own files through one",
+            guidance=f"Remove that link (writers re-create the file), and check who can write into "
+            f"{self.settings.store}: a link there could make writers overwrite other files.",
+            store=str(self.settings.store))
 
     def _unpublished(self, exc: OSError) -> ConfigError:
         """The coded error for a generation that could not be written: the store folder gone, or the file."""

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from research_agent.errors import StoreUnavailableError
 from research_agent.storage.registry import DOCUMENT, INTENT, document_key, intent_key, version_ids
-from research_agent.storage.swaps import check_no_reindex, holder, holder_gone
+from research_agent.storage.swaps import check_no_reindex, holder, intent_stale
 
 if TYPE_CHECKING:
     from research_agent.storage.store import Store
@@ -161,12 +161,12 @@ def recover_interrupted(store: Store, collection: str, col: Any, *, min_age: flo
 
     Embedded stores serialize writers, so every intent found is a dead writer's (min_age 0); on a Chroma
     server only intents older than `min_age` (STALE_INTENT_SECONDS) are, or those of a writer on this host
-    whose process is gone (`holder_gone`). The dead writer may have flipped
+    whose process is gone, or those dated more than CLOCK_SKEW_SECONDS ahead (`intent_stale`: a day-ahead
+    intent of a machine with a wrong clock never turned old). The dead writer may have flipped
     manifests without bumping the revision, so each recovered intent's documents are logged as a change and
     the revision is bumped: the keyword index re-applies them (idempotent) instead of serving the old text.
     """
-    intents = {k: v for k, v in store.registry_find(INTENT, collection).items()
-               if time.time() - float(v.get("created", 0)) >= min_age or holder_gone(v)}
+    intents = {k: v for k, v in store.registry_find(INTENT, collection).items() if intent_stale(v, min_age)}
     removed = 0
     for key, intent in intents.items():
         versions = intent["versions"]
