@@ -167,6 +167,29 @@ def test_a_scan_whose_last_page_was_deleted_whole_raises_a_retryable_error(chrom
         list(chunks.records(scan, [], where={"kind": "x"}))
 
 
+def test_a_scan_past_its_budget_of_pages_read_again_raises_a_retryable_error(chroma_server, monkeypatch):
+    """Going back to find its place is bounded: past MAX_REREADS pages read again per page moved on (here 0,
+    so the first going back is one too many) the scan gives up with the coded, retryable ChangedMeanwhile
+    rather than reading on while other processes keep deleting behind it. Three deletes just behind its next
+    start leave that page one read record at its head, too few to trust: it would go back one page."""
+    from research_agent.errors import StoreUnavailableError
+
+    monkeypatch.setattr(chunks, "PAGE", 10)
+    monkeypatch.setattr(chunks, "MAX_REREADS", 0)
+    col = _http(chroma_server).create_collection("paging-churn", embedding_function=None)
+    ids = [f"c{i:03d}" for i in range(60)]
+    col.add(ids=ids, embeddings=[[1.0]] * len(ids), documents=ids, metadatas=[{"kind": "x"}] * len(ids))
+    other = _http(chroma_server).get_collection("paging-churn")
+    scan = _Interleaved(col, lambda: other.delete(ids=ids[9:12]) if scan.pages == 2 else None)
+    with pytest.raises(StoreUnavailableError, match="changed too much"):
+        list(chunks.records(scan, [], where={"kind": "x"}))
+    monkeypatch.setattr(chunks, "MAX_REREADS", 3)  # the default budget: the same deletes cost one more get
+    scan = _Interleaved(col, lambda: other.delete(ids=ids[13:16]) if scan.pages == 2 else None)
+    seen = [rec[0] for rec in chunks.records(scan, [], where={"kind": "x"})]
+    assert set(ids) - set(ids[9:16]) - set(seen) == set() and len(seen) == len(set(seen))
+    assert scan.pages == 11  # 9 pages (60 - 7 records, 6 new a page) + the page at offset 0 + one going back
+
+
 def test_registry_find_scans_again_when_the_pages_it_read_were_deleted_whole(chroma_server, monkeypatch):
     """The two pages a find last read are deleted at once (a bulk removal): the scan cannot say where it was,
     so the find scans again (registry.SCAN_TRIES) and returns every manifest that was never removed."""
@@ -186,3 +209,92 @@ def test_registry_find_scans_again_when_the_pages_it_read_were_deleted_whole(chr
     finally:
         c.store._meta = None
         c.close()
+
+
+# -- a record already read, deleted and added again (remove-document then add, a re-ingest) goes LAST ----------
+
+def _embedded(tmp_path) -> Any:
+    import chromadb
+    from chromadb.config import Settings
+
+    return chromadb.PersistentClient(path=str(tmp_path / "chroma"), settings=Settings(anonymized_telemetry=False))
+
+
+def _readd(col: Any, rids: list[str]) -> None:
+    """Delete `rids` and add them again: Chroma puts them after every other record."""
+    got = col.get(ids=rids, include=["embeddings", "documents", "metadatas"])
+    col.delete(ids=rids)
+    col.add(ids=got["ids"], embeddings=[list(e) for e in got["embeddings"]], documents=got["documents"],
+            metadatas=got["metadatas"])
+
+
+def _readd_scan(client: Any, name: str, n: int, plan: dict[int, list[str]], deletes: dict[int, list[str]]
+                ) -> tuple[list[str], set[str]]:
+    """Scan n records; after the page numbered k, re-add plan[k] and delete deletes[k] (another client's
+    writes). Returns (ids yielded in order, ids present for the whole scan)."""
+    col = client.create_collection(name, embedding_function=None)
+    ids = [f"r{i:03d}" for i in range(n)]
+    col.add(ids=ids, embeddings=[[float(i), 1.0] for i in range(n)], documents=ids,
+            metadatas=[{"kind": "x"}] * n)
+    other = client.get_collection(name)
+
+    def step() -> None:
+        if deletes.get(scan.pages):
+            other.delete(ids=deletes[scan.pages])
+        if plan.get(scan.pages):
+            _readd(other, plan[scan.pages])
+    scan = _Interleaved(col, step)
+    seen = [rec[0] for rec in chunks.records(scan, [], where={"kind": "x"})]
+    gone = {rid for batch in deletes.values() for rid in batch}
+    moved = {rid for batch in plan.values() for rid in batch}
+    return seen, set(ids) - gone - moved
+
+
+# (records, {page: re-added after it}): PAGE is 20, so page 1 holds r000-r019.
+READD_CASES = {
+    "mid-scan": (100, {1: ["r010"]}),               # the tester's r010: the old scan missed r020-r029 of 30
+    "last-window": (30, {1: ["r010"]}),             # the re-added record lands in the last, short page
+    "last-of-a-page": (100, {1: ["r019"]}),         # the anchor itself moves last
+    "anchors-of-a-page": (100, {1: ["r016", "r017", "r018", "r019"]}),  # every overlap anchor, in order
+    "several-pages": (120, {1: ["r003"], 2: ["r025", "r030"], 4: ["r001", "r050"]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(READD_CASES))
+def test_a_scan_yields_every_record_once_when_read_ones_are_re_added_embedded(tmp_path, monkeypatch, case):
+    """Embedded Chroma: records the scan already read are deleted and added again between its pages (they go
+    last). Every record present for the whole scan is yielded, and each record at most once."""
+    monkeypatch.setattr(chunks, "PAGE", 20)
+    n, plan = READD_CASES[case]
+    seen, present = _readd_scan(_embedded(tmp_path), f"readd-{case}", n, plan, {})
+    assert present - set(seen) == set(), f"skipped {sorted(present - set(seen))}"
+    assert len(seen) == len(set(seen)), "a record was yielded twice"
+    assert set(seen) == {f"r{i:03d}" for i in range(n)}  # re-added ones too: they were read before moving
+
+
+@pytest.mark.parametrize("case", sorted(READD_CASES))
+def test_a_scan_yields_every_record_once_when_read_ones_are_re_added_server(chroma_server, monkeypatch, case):
+    """The same through `chroma run`: another machine's remove-document then add-document of a document the
+    scan had read (finding 1 of the seventh attack pass)."""
+    monkeypatch.setattr(chunks, "PAGE", 20)
+    n, plan = READD_CASES[case]
+    seen, present = _readd_scan(_http(chroma_server), f"readd-{case}", n, plan, {})
+    assert present - set(seen) == set(), f"skipped {sorted(present - set(seen))}"
+    assert len(seen) == len(set(seen)), "a record was yielded twice"
+
+
+@pytest.mark.parametrize("where", ["embedded", "server"])
+def test_a_scan_skips_nothing_under_bursts_of_deletes_and_re_adds(tmp_path, request, monkeypatch, where):
+    """After every page another client re-adds three records the scan read and deletes five others it read
+    (a re-ingest of some documents, a removal of others): every record never deleted is yielded exactly once,
+    400 records in pages of 20."""
+    monkeypatch.setattr(chunks, "PAGE", 20)
+    client = _embedded(tmp_path) if where == "embedded" else _http(request.getfixturevalue("chroma_server"))
+    plan = {k: [f"r{(k * 7 + j * 3) % (k * 16):03d}" for j in range(3)] for k in range(1, 20)}
+    doomed = iter(f"r{i:03d}" for i in range(1, 400, 2) if all(f"r{i:03d}" not in b for b in plan.values()))
+    deletes = {k: [rid for rid, _ in zip(doomed, range(5)) if int(rid[1:]) < k * 16] for k in range(1, 20)}
+    seen, present = _readd_scan(client, "readd-burst", 400, plan, deletes)
+    never_deleted = {f"r{i:03d}" for i in range(400)} - {rid for b in deletes.values() for rid in b}
+    assert never_deleted - set(seen) == set(), f"skipped {sorted(never_deleted - set(seen))[:10]}"
+    assert len(seen) == len(set(seen)), "a record was yielded twice"
+    assert present <= set(seen)

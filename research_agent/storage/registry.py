@@ -39,8 +39,9 @@ CHANGE_LOG_SECONDS = 24 * 3600
 #: Change records this Store logged whose write has not bumped yet (`_done_mark` marks them then): one per write
 #: in flight in this process; past this many (writes that raised before their bump) the memory is dropped.
 MAX_UNFINISHED_CHANGES = 1000
-#: Whole scans a find makes before it gives up: a scan fails only when every record of the two pages it last
-#: read was deleted meanwhile (`chunks.ChangedMeanwhile`: 10,000 deletes behind it at once), so a second is
+#: Whole scans a find makes before it gives up: a scan fails only when it cannot find its place (every record
+#: it read gone or re-added back to its first page, or more than chunks.MAX_REREADS pages read again per page:
+#: `chunks.ChangedMeanwhile`, other processes deleting or re-adding many records behind it), so a second is
 #: nearly always enough.
 SCAN_TRIES = 3
 
@@ -118,7 +119,8 @@ class RegistryMixin:
 
     def _scan(self, where: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:
         """{key: record} of every record matching `where` (and whose key starts with `prefix`), scanned again
-        (up to SCAN_TRIES) if another process deleted a whole page behind the scan."""
+        (up to SCAN_TRIES) if the scan lost its place (other processes deleting or re-adding many records
+        behind it)."""
         def read() -> dict[str, dict[str, Any]]:
             return {rid: json.loads(doc) for rid, doc in chunks.records(self.meta, ["documents"], where=where)
                     if str(rid).startswith(prefix)}
