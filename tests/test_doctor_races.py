@@ -161,11 +161,11 @@ def test_repair_keeps_an_incomplete_looking_document_an_intent_names(tmp_path, c
 
 
 def _foreign_lease(c, collection: str) -> None:
-    from research_agent.storage import swaps
+    from research_agent.storage import leases
 
     now = time.time()
-    c.store.registry_put({swaps.lease_key(collection): {"started": now - 30, "renewed": now, "host": "other-machine",
-                                                        "pidns": None, "pid": 4242}}, swaps.LEASE, collection)
+    c.store.registry_put({leases.lease_key(collection): {"started": now - 30, "renewed": now, "host": "other-machine",
+                                                        "pidns": None, "pid": 4242}}, leases.LEASE, collection)
 
 
 def test_repair_leaves_a_live_reindexs_working_copy_and_reports_its_lease(tmp_path, chroma_server, fake_embedder):

@@ -131,7 +131,7 @@ def test_reindex_while_another_process_writes_loses_and_doubles_nothing(tmp_path
                                                                        monkeypatch, caplog, ignore_lease):
     from research_agent.ingest.service import reindex_collection
 
-    caplog.set_level(logging.INFO, logger="research_agent.storage.swaps")
+    caplog.set_level(logging.INFO, logger="research_agent.storage")
     collection, n = _unique("rx"), 120
     c = _open(chroma_server)
     try:
@@ -261,7 +261,7 @@ def test_doctor_repair_keeps_a_live_writers_young_intent_and_new_chunks(tmp_path
 def test_only_a_writer_known_dead_on_this_machine_counts_as_gone():
     """A record's holder is gone only if it ran here (same host and pid namespace) and its pid has exited; a
     writer elsewhere, or in another container sharing the host name, may be alive (then: the 600 s rule)."""
-    from research_agent.storage.swaps import holder, holder_gone
+    from research_agent.storage.leases import holder, holder_gone
 
     exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = {**holder(), "pid": int(exited.stdout)}
@@ -280,7 +280,7 @@ def test_a_live_reindex_lease_refuses_a_write_with_a_coded_error_and_a_dead_one_
     (a reindex killed -9), blocks nothing."""
     from research_agent.errors import StoreUnavailableError
     from research_agent.ingest.service import ingest_path
-    from research_agent.storage.swaps import LEASE, LEASE_SECONDS, holder, lease_key
+    from research_agent.storage.leases import LEASE, LEASE_SECONDS, holder, lease_key
 
     collection = _unique("lease")
     c = _open(chroma_server)
@@ -312,7 +312,7 @@ def test_a_live_reindex_lease_refuses_a_write_with_a_coded_error_and_a_dead_one_
 def test_lease_and_intent_dates_tolerate_clock_skew_but_never_absurd_ones():
     """A lease counts while now - renewed is within [-CLOCK_SKEW_SECONDS, LEASE_SECONDS]; an intent dated
     further ahead than the skew is a dead (recoverable) one, however young it claims to be."""
-    from research_agent.storage.swaps import CLOCK_SKEW_SECONDS, LEASE_SECONDS, intent_stale, lease_live
+    from research_agent.storage.leases import CLOCK_SKEW_SECONDS, LEASE_SECONDS, intent_stale, lease_live
 
     now = 1_800_000_000.0
     lease = {"started": now, "host": "another-machine", "pid": 4242}
@@ -349,7 +349,7 @@ def test_a_future_dated_lease_or_intent_of_another_machine_blocks_nothing(tmp_pa
     command in its guidance, finding 6), and the reindex recovers the intent and finishes at once, quietly."""
     from research_agent.errors import StoreUnavailableError
     from research_agent.ingest.service import ingest_path
-    from research_agent.storage.swaps import LEASE, lease_key
+    from research_agent.storage.leases import LEASE, lease_key
 
     collection = _unique("skew")
     c = _open(chroma_server)
@@ -368,7 +368,7 @@ def test_a_future_dated_lease_or_intent_of_another_machine_blocks_nothing(tmp_pa
         proc = run_cli(tmp_path, "kb", "reindex", "--collection", collection, fake=True,
                        env=_server_env(chroma_server), timeout=60)  # old code: 2 x 60 s of draining
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert "research_agent.storage.swaps" not in proc.stderr
+        assert "research_agent.storage.leases" not in proc.stderr
         assert intent not in c.store.registry_find("intent", collection)
         c.store.refresh()
         assert_consistent(c, collection)
@@ -382,19 +382,19 @@ LEASE_TAKER = '''
 import sys, time
 from research_agent.container import build_container
 from research_agent.errors import StoreUnavailableError
-from research_agent.storage import swaps
+from research_agent.storage import leases
 coll, at, pause, hold = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 c = build_container()
 put, paused = c.store.registry_put, []
 def slow_put(records, kind, collection):
-    if kind == swaps.LEASE and not paused:
+    if kind == leases.LEASE and not paused:
         paused.append(1)
         time.sleep(pause)
     return put(records, kind, collection)
 c.store.registry_put = slow_put
 time.sleep(max(0.0, at - time.time()))
 try:
-    with swaps.ReindexLease(c.store, coll, stale_intent_seconds=600):
+    with leases.ReindexLease(c.store, coll, stale_intent_seconds=600):
         print("won", flush=True)
         time.sleep(hold)
 except StoreUnavailableError as exc:
@@ -410,7 +410,7 @@ def test_two_reindexes_racing_for_the_lease_never_both_take_it(tmp_path, chroma_
     write both took it (one died with NotFoundError in the swap). Never two winners: 1.5 s apart the first wins
     and the other gets the coded 'already being reindexed' error, leaving the winner's lease in place; started
     at the same moment both may lose (run again), never both win. Nothing is left behind."""
-    from research_agent.storage.swaps import lease_key
+    from research_agent.storage.leases import lease_key
 
     collection = _unique("race")
     c = _open(chroma_server)
@@ -441,7 +441,7 @@ def test_a_reindex_leaving_deletes_only_its_own_lease(tmp_path, chroma_server, f
     (after this one's lease went unrenewed for LEASE_SECONDS): that reindex's writers were then let in. Its next
     renewal now stops it with the coded error instead of writing over the other's lease."""
     from research_agent.errors import StoreUnavailableError
-    from research_agent.storage.swaps import LEASE, LEASE_RENEW_SECONDS, ReindexLease, lease_key
+    from research_agent.storage.leases import LEASE, LEASE_RENEW_SECONDS, ReindexLease, lease_key
 
     collection = _unique("own")
     c = _open(chroma_server)
@@ -455,5 +455,34 @@ def test_a_reindex_leaving_deletes_only_its_own_lease(tmp_path, chroma_server, f
             with pytest.raises(StoreUnavailableError, match="already being reindexed"):
                 lease.renew()
         assert c.store.registry_get([lease_key(collection)]).get(lease_key(collection)) == takeover
+    finally:
+        c.close()
+
+
+def test_listing_collections_between_a_live_reindexs_renames_leaves_its_backup_alone(chroma_server):
+    """Another machine's reindex is between its two renames (its collection exists only under the backup name):
+    a process listing collections then must not give the backup its name back (that broke the reindex; the
+    restore is for a reindex that died, whose lease is no longer live)."""
+    import socket
+
+    from research_agent.container import build_container
+    from research_agent.storage import leases, swaps
+
+    c = build_container(chroma_host=chroma_server["host"], chroma_port=chroma_server["port"])
+    try:
+        from research_agent.catalog import collections
+
+        collections.create_collection(c, "swapping")
+        live = c.store.get_collection("swapping")
+        backup = swaps.swap_name(swaps.BACKUP_PREFIX, "swapping")
+        c.store.rename_collection(live, backup)  # step 1 of the other machine's swap
+        lease = {"started": time.time(), "renewed": time.time(), "host": f"not-{socket.gethostname()}",
+                 "pidns": None, "pid": 4242, "token": "theirs"}
+        c.store.registry_put({leases.lease_key("swapping"): lease}, leases.LEASE, "swapping")
+        c.store.list_collections()
+        assert backup in [col.name for col in c.store.client.list_collections()]  # left for the reindex
+
+        c.store.registry_delete([leases.lease_key("swapping")])  # that reindex died: the next listing restores
+        assert [col.name for col in c.store.list_collections()] == ["swapping"]
     finally:
         c.close()

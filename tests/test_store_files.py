@@ -186,3 +186,19 @@ def test_a_committed_write_stands_when_the_generation_cannot_be_written_and_warn
     collections.create_collection(c, "third")
     assert c.store.unpublished is None and generation.is_file()
     assert _names_elsewhere() == ["first", "kept", "second", "third"]
+
+
+def test_a_keyword_index_lock_that_is_a_symlink_is_a_coded_error_and_creates_nothing(tmp_path):
+    """The keyword index's catch-up lock (`<index>.lock` beside its folder) opens without following a link: a
+    dangling symlink there neither creates its target nor gives an uncoded OSError."""
+    from research_agent.search import keyword_sync
+
+    folder = tmp_path / "keyword-index"
+    folder.mkdir()
+    lock = keyword_sync._file_lock(folder, (3, 2), timeout=1.0)
+    target = tmp_path / "victim"
+    lock.path.symlink_to(target)
+    with pytest.raises(StoreUnavailableError) as err:
+        with lock:
+            pass
+    assert str(lock.path) in str(err.value) and not target.exists()

@@ -50,7 +50,7 @@ from research_agent.ingest.prepare import (
     source_name,
     version_ids,
 )
-from research_agent.storage import swaps, writer
+from research_agent.storage import leases, swaps, writer
 
 if TYPE_CHECKING:
     from research_agent.container import Container
@@ -651,7 +651,7 @@ def reindex_collection(c: Container, collection: str, progress: ProgressFn | Non
     c.store.refresh()
     open_collection(c, collection, check_model=False)  # fail fast on an unknown name
     embedder = c.embedder  # loaded before the lock: other writers need not wait for the model
-    lease: Any = (swaps.ReindexLease(c.store, collection, stale_intent_seconds=STALE_INTENT_SECONDS)
+    lease: Any = (leases.ReindexLease(c.store, collection, stale_intent_seconds=STALE_INTENT_SECONDS)
                   if c.settings.server_mode else _NoLease())
     with c.store.write_lock(), lease:
         c.store.recover_swaps(only=collection)
@@ -703,7 +703,7 @@ def _copy_all(embedder: Any, collection: str, manifests: dict[str, dict[str, Any
 
 
 def _server_catch_up(c: Container, collection: str, manifests: dict[str, dict[str, Any]], old: Any, new: Any,
-                     lease: swaps.ReindexLease) -> Callable[[], None]:
+                     lease: leases.ReindexLease) -> Callable[[], None]:
     """Copy into `new` what other processes wrote to `old` while it was copied; returns the same catch-up to run
     after the renames, before the old collection (then the backup) is dropped.
 

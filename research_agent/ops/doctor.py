@@ -18,8 +18,9 @@ from research_agent.ingest.folder import is_gone
 from research_agent.ingest.prepare import version_ids
 from research_agent.ingest.service import STALE_INTENT_SECONDS, delete_chunks, recover_interrupted
 from research_agent.storage.chunks import all_ids, records
+from research_agent.storage.leases import LEASE, LEASE_SECONDS, lease_key, reindex_lease
 from research_agent.storage.registry import DOCUMENT, INTENT, document_key
-from research_agent.storage.swaps import LEASE, LEASE_SECONDS, lease_key, reindex_lease, swap_target
+from research_agent.storage.swaps import swap_target
 from research_agent.storage.writer import announce_intents
 
 if TYPE_CHECKING:

@@ -67,6 +67,7 @@ argument is above: split apart, each half would depend on invariants only the ot
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -88,6 +89,7 @@ from research_agent.search.keyword_index import (
     persist_folder,
 )
 from research_agent.storage import chunks as chunk_pages
+from research_agent.storage.leases import CLOCK_SKEW_SECONDS
 from research_agent.storage.lock_primitives import flock
 from research_agent.storage.registry import (
     CHANGE_LOG_SECONDS,
@@ -109,7 +111,7 @@ log = logging.getLogger(__name__)
 #: its flip (re-applying a document whose hash matches is skipped, so the cost is reading the manifests the
 #: last five minutes' records name). An embedded store's writers share this machine's clock and a catch-up
 #: never sees half a commit (the read gate), so there only clock steps matter: 2 s.
-SKEW_SECONDS = 300
+SKEW_SECONDS = CLOCK_SKEW_SECONDS  # 300 s: the one clock-skew bound of server mode (storage/swaps.py)
 EMBEDDED_SKEW_SECONDS = 2
 #: The change records of the skew window an index remembers as applied (their documents are not read again
 #: by the next catch-up): the newest this many, by the first APPLIED_ID_CHARS of their tokens (uuid4: 60 random
@@ -284,7 +286,14 @@ class _file_lock:
         self.fd: int | None = None
 
     def acquire(self, wait: float) -> bool:
-        self.fd = flock(self.path, True, time.monotonic() + wait)
+        try:
+            self.fd = flock(self.path, True, time.monotonic() + wait)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise StoreUnavailableError(  # flock opens with O_NOFOLLOW: a symlink put there is refused, not used
+                f"{self.path} is a symbolic link; the keyword index never follows one",
+                guidance=f"Remove the link {self.path} (and check who can write into the store).") from None
         return self.fd is not None
 
     def __enter__(self) -> "_file_lock":

@@ -259,7 +259,7 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
             f"The store folder {self.settings.store} is missing (moved, renamed or deleted since this process "
             "opened it)",
             guidance=f"Put the store folder back at {self.settings.store} (running servers then use it again "
-            "without a restart), or point --store / RESEARCH_AGENT_STORE at its new place.",
+            "without a restart), or point --store at its new place.",
             store=str(self.settings.store))
 
     def store_error(self, exc: OSError) -> ConfigError:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from research_agent.errors import StoreUnavailableError
+from research_agent.storage.leases import check_no_reindex, holder, intent_stale
 from research_agent.storage.registry import DOCUMENT, INTENT, document_key, intent_key, version_ids
-from research_agent.storage.swaps import check_no_reindex, holder, intent_stale
 
 if TYPE_CHECKING:
     from research_agent.storage.store import Store
