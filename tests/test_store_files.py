@@ -20,28 +20,10 @@ from research_agent.catalog import collections
 from research_agent.container import build_container
 from research_agent.errors import StoreUnavailableError
 from research_agent.storage.generation import STORE_ID_FILE
+from test_store_moved import CHILD_NAMES, HANG, ROOT, _names
 
-ROOT = Path(__file__).parents[1]
-#: A bound to catch a hang, not a timing goal.
-HANG = 60.0
 VICTIM_TEXT = "root:x:0:0:root:/root:/bin/bash\n"
 LOCK_FILES = (".read.lock", ".read.turnstile", ".write.lock")
-# Another process's view (in this one, chromadb caches one system per path: a second client would share it).
-CHILD_NAMES = (
-    "import json\n"
-    "from research_agent.catalog import collections\n"
-    "from research_agent.container import build_container\n"
-    "c = build_container()\n"
-    "with c.store.session():\n"
-    "    print(json.dumps([i.name for i in collections.list_collections(c).collections]))\n"
-)
-
-
-def _names(c) -> list[str]:
-    with c.store.session():
-        return [info.name for info in collections.list_collections(c).collections]
-
-
 def _victim(tmp_path: Path) -> Path:
     victim = tmp_path / "victim" / "passwd"
     victim.parent.mkdir()
@@ -58,6 +40,17 @@ def _python(*args: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=HANG * 5)
 
 
+def _generation_linked_to_a_victim(tmp_path: Path):
+    """A store with a collection whose `.generation` is a symlink to a victim file outside it."""
+    c = build_container()
+    collections.create_collection(c, "kept")
+    generation = c.settings.store / ".generation"
+    victim = _victim(tmp_path)
+    generation.unlink()
+    generation.symlink_to(victim)
+    return c, generation, victim
+
+
 def _names_elsewhere() -> list[str]:
     other = _python("-c", CHILD_NAMES)
     assert other.returncode == 0, other.stderr[-2000:]
@@ -65,12 +58,7 @@ def _names_elsewhere() -> list[str]:
 
 
 def test_a_write_replaces_a_generation_symlink_and_never_writes_its_target(tmp_path):
-    c = build_container()
-    collections.create_collection(c, "kept")
-    generation = c.settings.store / ".generation"
-    victim = _victim(tmp_path)
-    generation.unlink()
-    generation.symlink_to(victim)
+    c, generation, victim = _generation_linked_to_a_victim(tmp_path)
 
     collections.create_collection(c, "after")  # wrote the victim on the old code (Path.write_text follows links)
     assert victim.read_text() == VICTIM_TEXT
@@ -102,12 +90,7 @@ def test_a_lock_file_that_is_a_dangling_symlink_creates_nothing_and_is_a_coded_e
 
 
 def test_a_cli_write_through_a_generation_symlink_leaves_the_target_alone(tmp_path):
-    c = build_container()
-    collections.create_collection(c, "kept")
-    generation = c.settings.store / ".generation"
-    victim = _victim(tmp_path)
-    generation.unlink()
-    generation.symlink_to(victim)
+    c, generation, victim = _generation_linked_to_a_victim(tmp_path)
 
     done = _cli("collections", "create", "from-cli")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -170,10 +170,13 @@ def _found(reply: dict) -> list[str]:
     return [hit["source_document"] for hit in reply["result"]["structuredContent"]["results"]]
 
 
-@pytest.mark.slow
-def test_a_stdio_server_answers_a_coded_error_while_its_store_is_moved_and_answers_again_once_it_is_back(tmp_path):
+#: The keyword query that finds the note `_server_with_one_note` adds.
+QUERY = {"query": "zebracorn router", "collections": ["kept"], "mode": "keyword", "rerank": False}
+
+
+def _server_with_one_note(tmp_path: Path):
+    """(env, store, session): a real stdio server whose store holds collection "kept" with one note QUERY finds."""
     env = {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"}
-    store = Path(env["RESEARCH_AGENT_STORE"])
     s = _McpStdioSession(tmp_path / "work", env)
     try:
         _initialize(s)
@@ -181,9 +184,18 @@ def test_a_stdio_server_answers_a_coded_error_while_its_store_is_moved_and_answe
         added = _tool(s, 3, "manage_documents", action="add-note", collection="kept", title="Router",
                       content="The zebracorn router switches traffic after health checks pass.")
         assert "result" in added and added["result"]["isError"] is False, added
-        query = {"query": "zebracorn router", "collections": ["kept"], "mode": "keyword", "rerank": False}
-        assert len(_found(_tool(s, 4, "query_knowledge_base", **query))) == 1
+        assert len(_found(_tool(s, 4, "query_knowledge_base", **QUERY))) == 1
+    except BaseException:
+        s.proc.kill()
+        raise
+    return env, Path(env["RESEARCH_AGENT_STORE"]), s
 
+
+@pytest.mark.slow
+def test_a_stdio_server_answers_a_coded_error_while_its_store_is_moved_and_answers_again_once_it_is_back(tmp_path):
+    env, store, s = _server_with_one_note(tmp_path)
+    query = QUERY
+    try:
         moved = _moved(store)
         time.sleep(1.0)  # the freshness watcher looks 4 times a second
         for request_id in (5, 6, 7):
@@ -216,18 +228,9 @@ def test_a_stdio_server_answers_a_coded_error_while_its_store_is_moved_and_answe
 def test_a_stdio_server_refuses_a_store_another_process_re_created_at_its_path(tmp_path):
     """Finding 3 of the seventh attack pass: `mv store store.mv; research-agent status` made an empty store at the
     path and the server adopted it (a new inode looked like a copy put back): "Collection not found"."""
-    env = {**_mcp_env(tmp_path), "RESEARCH_AGENT_WARMUP": "false"}
-    store = Path(env["RESEARCH_AGENT_STORE"])
-    s = _McpStdioSession(tmp_path / "work", env)
+    env, store, s = _server_with_one_note(tmp_path)
+    query = QUERY
     try:
-        _initialize(s)
-        assert "result" in _tool(s, 2, "manage_collections", action="create", collection_name="kept")
-        added = _tool(s, 3, "manage_documents", action="add-note", collection="kept", title="Router",
-                      content="The zebracorn router switches traffic after health checks pass.")
-        assert "result" in added and added["result"]["isError"] is False, added
-        query = {"query": "zebracorn router", "collections": ["kept"], "mode": "keyword", "rerank": False}
-        assert len(_found(_tool(s, 4, "query_knowledge_base", **query))) == 1
-
         moved = _moved(store)
         status = subprocess.run([sys.executable, "-m", "research_agent", "status"], cwd=ROOT, env=env,
                                 capture_output=True, text=True, timeout=HANG * 5)
