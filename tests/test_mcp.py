@@ -643,3 +643,18 @@ async def test_query_filters_budget_and_evaluation_over_mcp(fake_embedder, _mcp_
         error = await call_error(client, "evaluate_retrieval", collection="docs", queries_file="/etc/passwd",
                                  qrels_file=str(qrels))
         assert error.code == -32003
+
+
+async def test_a_user_error_raised_before_the_call_runs_logs_no_traceback(fake_embedder, caplog):
+    """`ingest_documents` with an ftp:// or file:// path is refused in the tool body, before any work: the client
+    got the right -32003, but FastMCP logged "Error calling tool" with a 30-line traceback on the server's stderr
+    (the seventh attack pass), which MCP clients show users as the server log."""
+    import logging
+
+    async with Client(mcp_server.mcp) as client:
+        await call(client, "manage_collections", action="create", collection_name="kb1")
+        with caplog.at_level(logging.INFO):
+            error = await call_error(client, "ingest_documents", path="file:///etc/passwd", collection="kb1")
+    assert error.code == -32003
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], \
+        [(r.name, r.getMessage()) for r in caplog.records]

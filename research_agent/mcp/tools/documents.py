@@ -20,6 +20,7 @@ from research_agent.ingest.records import RecordsReport
 from research_agent.ingest.service import IngestReport
 from research_agent.ingest.web import UrlReport
 from research_agent.mcp.calls import Tool, add_tools, container, require
+from research_agent.mcp.errors import ToolFailure
 from research_agent.mcp.params import CollectionName, Cursor, Limit
 
 INGEST = Tool("Add a file or folder (Markdown, code, PDF, notebooks, CSV ...), a web page (an allowed host's URL) or "
@@ -68,8 +69,9 @@ async def ingest_documents(
     if url and records is not None or re.match(r"\s*[a-zA-Z][\w+.-]*://", path) and not url:
         # An ftp:// path was refused as "outside the allowed roots", and a records mapping beside a URL was
         # silently ignored (outside tester): say what is wrong instead.
-        raise DocumentError("Only http(s) URLs are fetched, and a URL is a web page, never a records file",
-                            guidance="Pass a file or folder path, or an http(s) URL without `records`.")
+        raise ToolFailure(DocumentError(  # ToolFailure: a user error, logged without a traceback
+            "Only http(s) URLs are fetched, and a URL is a web page, never a records file",
+            guidance="Pass a file or folder path, or an http(s) URL without `records`."))
     if create:
         await INGEST.write(ctx, _create_for, c, path, collection, url=url, allowed_roots=roots)
     job = {"collection": collection, "path": path}
