@@ -330,7 +330,7 @@ def test_an_index_folder_of_another_collection_is_never_served(animals, monkeypa
     new_process(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="research_agent.search.keyword_sync"):
         assert not other("okapi") and other("quokka")
-    assert "belongs to collection" in caplog.text
+    assert "symbolic link" in caplog.text  # a link is never used (a copied folder: "belongs to collection")
     assert ranked(animals, "okapi")[0][0].startswith("Okapis")  # the other collection's index is intact
 
 
@@ -391,3 +391,20 @@ def test_a_new_index_folder_that_cannot_be_written_logs_only_the_memory_fallback
     assert hits[0][0].startswith("Narwhals")
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "using one in memory" in warnings[0], warnings
+
+
+def test_a_copied_index_folder_of_another_collection_is_never_served(animals, monkeypatch, caplog):
+    """The same as a linked folder, by copy: the copy names another Chroma collection id, so it is not used."""
+    import shutil
+
+    collections.create_collection(animals, "other")
+    augment.add_research(animals, "other", "Quokkas smile on Rottnest island.", "src-q", title="Quokka")
+    assert ranked(animals, "okapi")
+    assert query.query_knowledge(animals, "quokka", collections=["other"], mode="keyword", rerank=False).results
+    mine = keyword.persist_folder(animals, open_collection(animals, "other"))
+    shutil.rmtree(mine)
+    shutil.copytree(keyword.persist_folder(animals, open_collection(animals, "docs")), mine)
+    new_process(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="research_agent.search.keyword_sync"):
+        found = query.query_knowledge(animals, "okapi", collections=["other"], mode="keyword", rerank=False)
+    assert not found.results and "belongs to collection" in caplog.text

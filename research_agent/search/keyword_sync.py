@@ -243,6 +243,11 @@ def open_index(folder: Path, weights: tuple[int, int]) -> KeywordIndex:
     """The saved index (created empty if there is none); a damaged one is removed and started again, and an
     unwritable folder gives an in-memory index (each new process then builds it: slower, still correct)."""
     path = index_path(folder, weights)
+    link = _linked(folder, path)
+    if link is not None:
+        log.warning("%s is a symbolic link: the keyword index is kept in memory, never written or pruned through "
+                    "it (remove the link to keep the index on disk again)", link)
+        return KeywordIndex(weights=weights)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         remove_old_indexes(folder)
@@ -259,6 +264,15 @@ def open_index(folder: Path, weights: tuple[int, int]) -> KeywordIndex:
     except OSError as exc:
         log.warning("could not keep the keyword index in %s (%s); using one in memory", folder, exc)
     return KeywordIndex(weights=weights)
+
+
+def _linked(folder: Path, path: Path) -> Path | None:
+    """The first of the index's own folders (the keyword-index root, the collection's folder, the index) that is a
+    symbolic link, else None. Why: writes and prunes through a link land in its target: `keyword-index` linked to
+    the store made one query delete the store's own vector segments (named like collection ids); a linked
+    collection folder got an index written into, and old-layout names deleted from, the link's target (the
+    seventh session's last attack pass)."""
+    return next((p for p in (folder.parent, folder, path) if p.is_symlink()), None)
 
 
 def remove_old_indexes(folder: Path) -> None:
@@ -573,14 +587,23 @@ def _current_chunks(col: Any, collection: str, manifests: list[dict[str, Any]]) 
 def prune_collections(c: Container, folder: Path) -> None:
     """Remove the indexes of collections that no longer exist (deleted, or replaced by `kb reindex`, which
     fills a new Chroma collection): without this each reindex left its index behind (~14 MB per 100k chunks)."""
+    if folder.parent.is_symlink() or folder.is_symlink():
+        return  # never through a link (`_linked`); open_index keeps such an index in memory anyway
     try:
         live = {str(getattr(col, "id", "")) for col in c.store.client.list_collections()}
         for entry in folder.parent.iterdir():
             if entry != folder and entry.name not in live and _COLLECTION_ID.fullmatch(entry.name) \
-                    and not entry.is_symlink() and entry.is_dir():
+                    and not entry.is_symlink() and entry.is_dir() and _holds_our_index(entry):
                 shutil.rmtree(entry, ignore_errors=True)
     except Exception as exc:  # best effort: a leftover only costs disk
         log.debug("could not prune keyword indexes in %s: %s", folder.parent, exc)
+
+
+def _holds_our_index(entry: Path) -> bool:
+    """Whether a folder holds only what we put in a collection's folder (index folders and their lock files, of
+    this layout or older ones): a folder of anything else named like a collection id is not ours to remove."""
+    names = [child.name for child in entry.iterdir()]
+    return bool(names) and all(_TANTIVY.fullmatch(n) or _OLD_BM25S.fullmatch(n) for n in names)
 
 
 def forget() -> None:
