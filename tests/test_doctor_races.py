@@ -224,3 +224,28 @@ def test_advice_after_a_repair_that_left_foreign_writes_says_to_wait(tmp_path, c
         assert_chunks_of_manifests(c, collection)
     finally:
         c.close()
+
+
+def test_repair_keeps_the_records_of_a_collection_a_reindex_took_its_lease_on_after_doctor_started(
+        tmp_path, chroma_server, fake_embedder, monkeypatch):
+    """The last attack pass: a reindex took its lease after doctor had read the leases, and doctor's stray check
+    ran between the reindex's two renames (the collection then exists only under its backup name): doctor
+    removed every document record of the collection as "records of deleted collections", and the reindex's
+    catch-up dropped their chunks. The stray check now reads the leases and the swap names again right before
+    deleting."""
+    import socket
+
+    from research_agent.ops import doctor
+    from research_agent.storage import leases, swaps
+
+    c, collection = _open(chroma_server), _unique("gap")
+    _seed(c, tmp_path, collection, 6)
+    live = c.store.get_collection(collection)
+    c.store.rename_collection(live, swaps.swap_name(swaps.BACKUP_PREFIX, collection))  # the reindex's 1st rename
+    now = time.time()
+    c.store.registry_put({leases.lease_key(collection): {"started": now, "renewed": now, "pidns": None, "pid": 4242,
+                                                         "host": f"not-{socket.gethostname()}", "token": "t"}},
+                         leases.LEASE, collection)
+    monkeypatch.setattr(doctor, "_live_reindexes", lambda c: [])  # doctor read the leases before it was taken
+    doctor.run_doctor(c, repair=True)
+    assert len(c.store.registry_find("document", collection)) == 6  # the old code removed all six

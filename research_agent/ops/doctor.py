@@ -286,15 +286,27 @@ def _stray_records(c: Container, busy: set[str], repair: bool, actions: list[str
     manifest is written only into an existing collection, so one created by another process meanwhile is
     listed; and one under reindex (`busy`) is briefly missing between its renames: not strays either."""
     manifests = c.store.registry_find(DOCUMENT)
-    known = {col.name for col in c.store.list_collections()} | busy
+    known = _existing_collections(c) | busy
     stray = [k for k, m in manifests.items() if m.get("collection") not in known]
-    if not stray:
-        return []
-    if repair:
+    if stray and repair:
         with c.store.write_lock():
+            # Again right before deleting: a reindex that took its lease after `busy` was read may be between its
+            # renames now (its collection only under the backup name): every record of it looked stray and was
+            # removed (the last attack pass).
+            known = _existing_collections(c)
+            stray = [k for k in stray if manifests[k].get("collection") not in known]
             c.store.registry_delete(stray)
-        actions.append(f"removed {len(stray)} records of deleted collections")
-    return [f"{len(stray)} document records of deleted collections"]
+        if stray:
+            actions.append(f"removed {len(stray)} records of deleted collections")
+    return [f"{len(stray)} document records of deleted collections"] if stray else []
+
+
+def _existing_collections(c: Container) -> set[str]:
+    """Collections that exist now: listed, under a reindex's working or backup name, or under a live lease."""
+    prefix = lease_key("")
+    leased = {k[len(prefix):] for k in c.store.registry_find(LEASE) if k.startswith(prefix)}
+    return ({col.name for col in c.store.list_collections()} | {swap_target(n) for n in c.store.swap_leftovers()}
+            | {name for name in leased if reindex_lease(c.store, name) is not None}) - {None}
 
 
 __all__ = ["run_doctor", "DoctorReport"]
