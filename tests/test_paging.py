@@ -192,7 +192,7 @@ def test_a_scan_past_its_budget_of_pages_read_again_raises_a_retryable_error(chr
 
 def test_registry_find_scans_again_when_the_pages_it_read_were_deleted_whole(chroma_server, monkeypatch):
     """The two pages a find last read are deleted at once (a bulk removal): the scan cannot say where it was,
-    so the find scans again (registry.SCAN_TRIES) and returns every manifest that was never removed."""
+    so the find scans again (chunks.SCAN_TRIES) and returns every manifest that was never removed."""
     from research_agent.container import build_container
 
     c = build_container(chroma_host=chroma_server["host"], chroma_port=chroma_server["port"])

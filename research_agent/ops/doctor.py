@@ -110,7 +110,7 @@ def _remove_damage(c: Container, name: str, col: Any, orphans: list[str], incomp
         # the file again from scratch. Readers can see only the dropped manifests change (no manifest names an
         # orphan, so no index holds one): a record naming those documents, logged before they go (as a delete
         # does), lets each keyword index catch up by the log instead of comparing every manifest (~7 s at 1M).
-        doomed = doomed_orphans + sorted(_present(col, version_ids(name, dropped.values())))
+        doomed = doomed_orphans + sorted(all_ids(col, version_ids(name, dropped.values())))
         rev = c.store.log_change(name, (m["document"] for m in dropped.values()))
         delete_chunks(col, doomed)
         c.store.registry_delete(list(dropped))
@@ -118,10 +118,6 @@ def _remove_damage(c: Container, name: str, col: Any, orphans: list[str], incomp
     kept = len(orphans) - len(doomed_orphans) + len(incomplete) - len(dropped)
     actions.append(f"{name}: removed {len(doomed_orphans)} orphan chunks, {len(dropped)} incomplete documents "
                    "(re-ingest them)" + (f"; left {kept} that a fresh read showed in use or gone" if kept else ""))
-
-
-def _present(col: Any, ids: list[str]) -> set[str]:
-    return {rec[0] for rec in records(col, [], ids=ids)}
 
 
 def _confirmed_orphans(c: Container, name: str, col: Any, candidates: list[str]) -> list[str]:
@@ -159,7 +155,7 @@ def _confirmed_incomplete(c: Container, name: str, col: Any, candidates: list[st
     if not candidates:
         return {}
     fresh = c.store.registry_get(candidates)
-    present = _present(col, version_ids(name, fresh.values()))
+    present = all_ids(col, version_ids(name, fresh.values()))
     short = {k: m for k, m in fresh.items() if any(cid not in present for cid in version_ids(name, [m]))}
     busy = {v["document"] for i in c.store.registry_find(INTENT, name).values() for v in i["versions"]}
     again = c.store.registry_get(list(short))
@@ -217,7 +213,7 @@ def _unfinished_advice(ch: CollectionCheck, repaired: bool) -> str:
 
 
 def _live_reindexes(c: Container) -> list[ReindexInfo]:
-    """Live reindex leases (storage/swaps.py `reindex_lease`: renewed within LEASE_SECONDS, holder not dead)."""
+    """Live reindex leases (storage/leases.py `reindex_lease`: renewed within LEASE_SECONDS, holder not dead)."""
     prefix = lease_key("")
     found = []
     for key in sorted(c.store.registry_find(LEASE)):
@@ -303,10 +299,8 @@ def _stray_records(c: Container, busy: set[str], repair: bool, actions: list[str
 
 def _existing_collections(c: Container) -> set[str]:
     """Collections that exist now: listed, under a reindex's working or backup name, or under a live lease."""
-    prefix = lease_key("")
-    leased = {k[len(prefix):] for k in c.store.registry_find(LEASE) if k.startswith(prefix)}
     return ({col.name for col in c.store.list_collections()} | {swap_target(n) for n in c.store.swap_leftovers()}
-            | {name for name in leased if reindex_lease(c.store, name) is not None}) - {None}
+            | {r.collection for r in _live_reindexes(c)}) - {None}
 
 
 __all__ = ["run_doctor", "DoctorReport"]

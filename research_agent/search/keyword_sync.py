@@ -94,7 +94,6 @@ from research_agent.storage.lock_primitives import flock
 from research_agent.storage.registry import (
     CHANGE_LOG_SECONDS,
     DOCUMENT,
-    SCAN_TRIES,
     announced,
     document_key,
     finished,
@@ -368,14 +367,9 @@ def catch_up(c: Container, collection: str, col: Any, index: KeywordIndex) -> Ca
 
 
 def _build_retrying(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:
-    """`_build`, started again (up to SCAN_TRIES) if its scan lost its place (`chunks.ChangedMeanwhile`: another
-    process deleted the two pages it last read, e.g. a bulk rewrite through a server); nothing was committed."""
-    for _ in range(SCAN_TRIES - 1):
-        try:
-            return _build(store, collection, col, index, rev, started)
-        except chunk_pages.ChangedMeanwhile as exc:
-            log.info("keyword build of %s scanned again: %s", collection, exc)
-    return _build(store, collection, col, index, rev, started)
+    """`_build`, started again if its scan lost its place (`chunks.rescanning`: another process deleted or re-added
+    many records behind it, e.g. a bulk rewrite through a server); a failed attempt committed nothing."""
+    return chunk_pages.rescanning(lambda: _build(store, collection, col, index, rev, started))
 
 
 def _build(store: Any, collection: str, col: Any, index: KeywordIndex, rev: str, started: int) -> CatchUp:

@@ -14,9 +14,13 @@ that applies this rule never sees half of a new version nor a stale one (docs/ar
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+import logging
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from research_agent.errors import StoreUnavailableError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Records per `get`: 5,000 chunks with documents and metadata are ~10-20 MB; one page of ids stays far below
 # SQLite's 32,766 bound variables.
@@ -122,6 +126,22 @@ def _starts_with_run(ids: list[str], seen: dict[str, int], need: int) -> bool:
     return bool(head) and order[0] >= 0 and all(a < b for a, b in zip(order, order[1:]))
 
 
+#: Whole scans a reader makes before it gives up: a scan fails only when it cannot find its place (every record
+#: it read gone or re-added back to its first page, or more than MAX_REREADS pages read again per page: other
+#: processes deleting or re-adding many records behind it), so a second is nearly always enough.
+SCAN_TRIES = 3
+
+
+def rescanning(read: Callable[[], T]) -> T:
+    """`read()` (a whole scan), run again, up to SCAN_TRIES times, while it raises ChangedMeanwhile."""
+    for _ in range(SCAN_TRIES - 1):
+        try:
+            return read()
+        except ChangedMeanwhile as exc:
+            log.info("scanned again: %s", exc)
+    return read()
+
+
 class ChangedMeanwhile(StoreUnavailableError):
     """A where-scan lost its place: no page back to the first begins with records it read (all deleted or
     re-added meanwhile), or it read more than MAX_REREADS pages again per page it moved on. Retryable: a caller
@@ -152,9 +172,10 @@ def visible_chunks(store: Any, collection: str, col: Any, *, embeddings: bool = 
             yield cid, text, meta, (vector[0] if vector else None)
 
 
-def all_ids(col: Any) -> set[str]:
-    """The ids of every record of `col` (visible or not)."""
-    return {rec[0] for rec in records(col, [])}
+def all_ids(col: Any, ids: Sequence[str] | None = None) -> set[str]:
+    """The ids of every record of `col` (visible or not), or of those of `ids` that exist."""
+    return {rec[0] for rec in records(col, [], ids=ids)}
 
 
-__all__ = ["PAGE", "ChangedMeanwhile", "all_ids", "is_visible", "pages", "records", "visible_chunks"]
+__all__ = ["PAGE", "SCAN_TRIES", "ChangedMeanwhile", "all_ids", "is_visible", "pages", "records", "rescanning",
+           "visible_chunks"]

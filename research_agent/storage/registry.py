@@ -39,11 +39,6 @@ CHANGE_LOG_SECONDS = 24 * 3600
 #: Change records this Store logged whose write has not bumped yet (`_done_mark` marks them then): one per write
 #: in flight in this process; past this many (writes that raised before their bump) the memory is dropped.
 MAX_UNFINISHED_CHANGES = 1000
-#: Whole scans a find makes before it gives up: a scan fails only when it cannot find its place (every record
-#: it read gone or re-added back to its first page, or more than chunks.MAX_REREADS pages read again per page:
-#: `chunks.ChangedMeanwhile`, other processes deleting or re-adding many records behind it), so a second is
-#: nearly always enough.
-SCAN_TRIES = 3
 
 
 def document_key(collection: str, document: str) -> str:
@@ -121,16 +116,9 @@ class RegistryMixin:
         """{key: record} of every record matching `where` (and whose key starts with `prefix`), scanned again
         (up to SCAN_TRIES) if the scan lost its place (other processes deleting or re-adding many records
         behind it)."""
-        def read() -> dict[str, dict[str, Any]]:
-            return {rid: json.loads(doc) for rid, doc in chunks.records(self.meta, ["documents"], where=where)
-                    if str(rid).startswith(prefix)}
-
-        for _ in range(SCAN_TRIES - 1):
-            try:
-                return read()
-            except chunks.ChangedMeanwhile:
-                continue
-        return read()
+        return chunks.rescanning(lambda: {rid: json.loads(doc) for rid, doc in
+                                          chunks.records(self.meta, ["documents"], where=where)
+                                          if str(rid).startswith(prefix)})
 
     def registry_put(self, records: dict[str, dict[str, Any]], record: str, collection: str | None = None) -> None:
         if not records:

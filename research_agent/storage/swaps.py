@@ -19,6 +19,7 @@ from typing import Any, Callable
 from research_agent.errors import CollectionError, StoreUnavailableError
 from research_agent.storage.leases import ReindexLease, reindexed_elsewhere
 from research_agent.storage.registry import DOCUMENT, RESERVED_PREFIX, version_ids
+from research_agent.storage.writer import delete_chunks
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,7 @@ def catch_up(store: Any, collection: str, copied: dict[str, dict[str, Any]], tar
         if not changed and not gone:
             return recopied
         stale = [copied[k] for k in [*gone, *changed] if k in copied]
-        for start in range(0, len(stale), 100):
-            target.delete(ids=version_ids(collection, stale[start:start + 100]))
+        delete_chunks(target, version_ids(collection, stale))
         for k in gone:
             del copied[k]
         for k, m in changed.items():

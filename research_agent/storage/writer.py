@@ -15,7 +15,7 @@ two the other way round, a flipped manifest was never announced by a revision (t
 old text until the next write).
 
 On a Chroma server a write gives up (StoreUnavailableError, nothing written) while another process holds the
-collection's reindex lease (storage/swaps.py), checked right after step 0. An intent records its writer's host,
+collection's reindex lease (storage/leases.py), checked right after step 0. An intent records its writer's host,
 pid namespace and pid, so a process on the same machine recovers a dead writer's intent at once instead of
 after STALE_INTENT_SECONDS; `doctor --repair` announces the others (`announce_intents`).
 
@@ -56,7 +56,7 @@ def write_intent(store: Store, collection: str, versions: list[dict[str, Any]]) 
 
 def hold_off_for_reindex(store: Store, collection: str, intent: str, steps: Steps) -> None:
     """Server mode: give up a write (its intent cleared, nothing else done yet) while another process
-    reindexes `collection` (storage/swaps.py ReindexLease). Checked after the intent is recorded: the
+    reindexes `collection` (storage/leases.py ReindexLease). Checked after the intent is recorded: the
     reindex records its lease, then waits for intents, so one of the two always sees the other."""
     if not store.settings.server_mode:
         return  # embedded: the store's file write lock already keeps a reindex and writers apart
