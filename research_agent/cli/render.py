@@ -355,8 +355,9 @@ def doctor_report(console: Console, r: Any) -> None:
     for action in r.actions:
         console.print(f"[green]repaired: {escape(action)}[/green]")
     for lease in getattr(r, "reindexes", []):
-        console.print(f"[yellow]reindex in progress: {escape(lease.collection)} (pid {lease.pid} on "
-                      f"{escape(str(lease.host))})[/yellow]")
+        console.print(f"[yellow]reindex in progress: {escape(lease.summary())}[/yellow]")
+    for claim in getattr(r, "reindex_claims", []):
+        console.print(f"[yellow]reindex claim: {escape(claim.summary())}[/yellow]")
     if r.healthy:
         console.print("[green]healthy[/green]")
     elif r.repaired or REPAIR_ADVICE not in r.advice:

@@ -3,7 +3,9 @@
 On a Chroma server other processes write while doctor runs, and no lock is shared with them, so a scan is
 only a list of candidates: every destructive step re-reads each candidate by id right before it acts
 (`_confirmed_orphans`, `_confirmed_incomplete`, `_stray_records`), and the working copies and backups of a
-collection with a live reindex lease are never touched (the lease is reported in `reindexes`).
+collection with a live reindex lease are never touched (the lease is reported in `reindexes`). A live claim on a
+reindex lease (a reindex mid-election, or one that died there) blocks other reindexes of its collection: it is
+reported in `reindex_claims`; dead claims are leftovers the repair removes (storage/leases.py `claim_removable`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,17 @@ from research_agent.ingest.folder import is_gone
 from research_agent.ingest.prepare import version_ids
 from research_agent.ingest.service import STALE_INTENT_SECONDS, delete_chunks, recover_interrupted
 from research_agent.storage.chunks import all_ids, records
-from research_agent.storage.leases import LEASE, LEASE_SECONDS, lease_key, reindex_lease
+from research_agent.storage.leases import (
+    LEASE,
+    LEASE_SECONDS,
+    age_words,
+    claim_collection,
+    claim_removable,
+    lease_key,
+    lease_live,
+    record_timing,
+    remove_dead_claims,
+)
 from research_agent.storage.registry import DOCUMENT, INTENT, document_key
 from research_agent.storage.swaps import swap_target
 from research_agent.storage.writer import announce_intents
@@ -53,6 +65,31 @@ class ReindexInfo(BaseModel):
     host: str | None = None
     pid: int | None = None
     since: str = ""
+    # Seconds since its last renewal by this machine's clock (negative: dated ahead of it, within the skew).
+    age_seconds: int = 0
+    # How long it still blocks if never renewed again (a dead reindex): counted from its own date.
+    blocks_for_seconds: int = 0
+
+    def summary(self) -> str:
+        return (f"{self.collection} (pid {self.pid} on {self.host}, lease renewed {age_words(self.age_seconds)}; "
+                f"if it died, blocks writes for {self.blocks_for_seconds} s more)")
+
+
+class ReindexClaim(BaseModel):
+    """A live claim on a reindex lease (a reindex taking it, or one that died doing so): until it ends, every
+    other reindex of `collection` is refused; writes are not."""
+
+    collection: str
+    host: str | None = None
+    pid: int | None = None
+    # Seconds since it was claimed by this machine's clock (negative: dated ahead of it).
+    age_seconds: int = 0
+    # How long it still blocks other reindexes at most (it is never renewed; its holder withdraws it or wins).
+    blocks_for_seconds: int = 0
+
+    def summary(self) -> str:
+        return (f"{self.collection} (pid {self.pid} on {self.host}, claimed {age_words(self.age_seconds)}; blocks "
+                f"other reindexes for up to {self.blocks_for_seconds} s more)")
 
 
 class DoctorReport(BaseModel):
@@ -65,6 +102,8 @@ class DoctorReport(BaseModel):
     advice: list[str] = []
     # Reindexes under way (live leases): their working copies and backups are theirs, never touched here.
     reindexes: list[ReindexInfo] = []
+    # Live claims on reindex leases: each blocks other reindexes of its collection for blocks_for_seconds at most.
+    reindex_claims: list[ReindexClaim] = []
 
 
 def _check_collection(c: Container, col: Any, repair: bool, actions: list[str]) -> CollectionCheck:
@@ -212,23 +251,55 @@ def _unfinished_advice(ch: CollectionCheck, repaired: bool) -> str:
             f"known dead (this machine's, or older than {int(STALE_INTENT_SECONDS)} s)")
 
 
+def _timing(record: dict[str, Any], now: float) -> dict[str, int]:
+    age, wait = record_timing(record, now)
+    return {"age_seconds": age, "blocks_for_seconds": wait}
+
+
 def _live_reindexes(c: Container) -> list[ReindexInfo]:
-    """Live reindex leases (storage/leases.py `reindex_lease`: renewed within LEASE_SECONDS, holder not dead)."""
-    prefix = lease_key("")
-    found = []
-    for key in sorted(c.store.registry_find(LEASE)):
-        lease = reindex_lease(c.store, key[len(prefix):]) if key.startswith(prefix) else None
-        if lease is not None:
-            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(lease.get("started", 0))))
-            found.append(ReindexInfo(collection=key[len(prefix):], host=lease.get("host"), pid=lease.get("pid"),
-                                     since=since))
-    return found
+    """Live reindex leases (storage/leases.py `lease_live`: renewed within LEASE_SECONDS, holder not dead)."""
+    prefix, now = lease_key(""), time.time()
+    records = c.store.registry_find(LEASE)
+    return [ReindexInfo(collection=key[len(prefix):], host=lease.get("host"), pid=lease.get("pid"),
+                        since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(lease.get("started", 0)))),
+                        **_timing(lease, now))
+            for key, lease in sorted(records.items()) if key.startswith(prefix) and lease_live(lease, now)]
+
+
+def _live_claims(records: dict[str, dict[str, Any]]) -> list[ReindexClaim]:
+    now = time.time()
+    return [ReindexClaim(collection=claim_collection(key), host=v.get("host"), pid=v.get("pid"), **_timing(v, now))
+            for key, v in sorted(records.items()) if claim_collection(key) is not None and lease_live(v, now)]
+
+
+def _dead_claims(c: Container, records: dict[str, dict[str, Any]], repair: bool, actions: list[str]) -> list[str]:
+    """Claims no election can count live any more (reindexes that died mid-election); repair removes them.
+    Claims dead to our clock only are left alone (another machine's may still honour them)."""
+    dead = sorted(k for k, v in records.items() if claim_collection(k) is not None and claim_removable(v))
+    if dead and repair:
+        dead = remove_dead_claims(c.store, {k: records[k] for k in dead})
+        actions.append(f"removed {_claims_of(dead)}")
+        return []
+    return [f"{_claims_of(dead)}: records only, blocking nothing"] if dead else []
+
+
+def _claims_of(keys: list[str]) -> str:
+    names = ", ".join(sorted({claim_collection(k) or "" for k in keys}))
+    return f"{len(keys)} dead reindex claim{'s' if len(keys) != 1 else ''} (of {names})"
 
 
 def _reindex_advice(r: ReindexInfo) -> str:
     return (f"{r.collection}: being reindexed since {r.since} by pid {r.pid} on {r.host}; other processes' writes "
             "to it are refused meanwhile and its working copy is left alone; wait for `research-agent kb reindex` "
-            f"to finish (a dead reindex stops blocking {int(LEASE_SECONDS)} s after its last renewal)")
+            f"to finish (a dead reindex stops blocking {int(LEASE_SECONDS)} s after its last renewal: this one, "
+            f"last renewed {age_words(r.age_seconds)}, in {r.blocks_for_seconds} s unless it renews again)")
+
+
+def _claim_advice(r: ReindexClaim) -> str:
+    return (f"{r.collection}: pid {r.pid} on {r.host} claimed its reindex lease {age_words(r.age_seconds)} and has "
+            "neither taken nor withdrawn it; other reindexes of it are refused meanwhile (writes are not): a "
+            "reindex taking the lease does either within about a second, one that died there blocks for "
+            f"{r.blocks_for_seconds} s more")
 
 
 def _swap_leftovers(c: Container, repair: bool, actions: list[str], busy: set[str]) -> list[str]:
@@ -254,19 +325,23 @@ def run_doctor(c: Container, repair: bool = False, *, repaired: bool = False) ->
     c.store.refresh()
     actions: list[str] = []
     reindexes = _live_reindexes(c)
+    lease_records = c.store.registry_find(LEASE)  # for the claims on leases, live and dead
+    claims = _live_claims(lease_records)
     leftovers = _swap_leftovers(c, repair, actions, {r.collection for r in reindexes})
     checks = [_check_collection(c, col, repair, actions) for col in c.store.list_collections()]
     leftovers += _stray_records(c, {r.collection for r in reindexes}, repair, actions)
+    leftovers += _dead_claims(c, lease_records, repair, actions)
     if repair:
         # Report the store as it is now, not as it was found.
         after = run_doctor(c, repaired=True)
         return after.model_copy(update={"repaired": True, "actions": actions})
     fixable = bool(leftovers) or any(_fixable(ch, repaired) for ch in checks)
-    healthy = not fixable and not reindexes and not any(ch.unfinished_writes for ch in checks)
+    healthy = not fixable and not reindexes and not claims and not any(ch.unfinished_writes for ch in checks)
     # The next move goes in the report itself: a script reading --json (or an MCP client) sees no text output.
     return DoctorReport(healthy=healthy, repaired=False, collections=checks, leftovers=leftovers, actions=actions,
                         advice=([REPAIR_ADVICE] if fixable else []) + _advice(checks, repaired)
-                        + [_reindex_advice(r) for r in reindexes], reindexes=reindexes)
+                        + [_reindex_advice(r) for r in reindexes] + [_claim_advice(r) for r in claims],
+                        reindexes=reindexes, reindex_claims=claims)
 
 
 def _fixable(ch: CollectionCheck, repaired: bool) -> bool:

@@ -13,8 +13,14 @@ Dates written by other machines (their clocks may run ahead or behind ours by up
 Taking the lease: each reindex writes a claim of its own (`lease:claim:<collection>:<token>`), waits
 LEASE_SETTLE_SECONDS, then reads the claims and the lease back. It loses (the coded "already being reindexed"
 error, its claim withdrawn) when another live claim or a live lease with another token exists; the winner writes
-the lease with its token, then drops its claim. Never two winners, whatever the clocks (`_rival`); two reindexes
+the lease with its token, then drops its claim. Never two winners, whatever the clocks (`_rivals`); two reindexes
 started within the settle both lose. A reindex leaving deletes the lease only while it still holds its token.
+A claim left by a reindex that died mid-election blocks the others until it turns LEASE_SECONDS old (counted from
+its own date: longer when it is dated ahead of our clock, `blocking_seconds`); the refusal says how long, doctor
+lists it. Dead claims are removed by the next election that reads them and by `doctor --repair`, but only when no
+machine may still count them live (`claim_removable`: another machine's election may honour a claim our clock
+calls dead, and removing it there could let two reindexes win); a lease is never removed but by its holder (its
+key is reused: a delete after a read could remove a newer live one).
 """
 
 from __future__ import annotations
@@ -104,6 +110,49 @@ def lease_live(record: dict[str, Any], now: float | None = None) -> bool:
     return -CLOCK_SKEW_SECONDS <= age <= LEASE_SECONDS and not holder_gone(record)
 
 
+def blocking_seconds(record: dict[str, Any], now: float | None = None) -> float:
+    """How long a lease or claim still blocks if never renewed again (0: it blocks nothing): until now - renewed
+    passes LEASE_SECONDS, so LEASE_SECONDS + its lead for a record dated ahead of our clock (within the skew)."""
+    now = time.time() if now is None else now
+    return max(0.0, LEASE_SECONDS - (now - float(record.get("renewed", 0)))) if lease_live(record, now) else 0.0
+
+
+def claim_removable(record: dict[str, Any], now: float | None = None) -> bool:
+    """A claim no election can count live any more: its holder is known gone from this machine, or it is dead
+    to every clock within CLOCK_SKEW_SECONDS of ours (older than LEASE_SECONDS + skew, or dated more than twice
+    the skew ahead). Why not merely dead to our clock: a machine whose clock is behind ours still honours it,
+    and a claim removed under a rival's read lets that rival win beside the claim's holder."""
+    age = (time.time() if now is None else now) - float(record.get("renewed", 0))
+    return age > LEASE_SECONDS + CLOCK_SKEW_SECONDS or age < -2 * CLOCK_SKEW_SECONDS or holder_gone(record)
+
+
+def claim_collection(key: str) -> str | None:
+    """The collection of a claim's registry key (None for other keys); tokens hold no colon."""
+    prefix = f"{LEASE}:claim:"
+    return key[len(prefix):].rsplit(":", 1)[0] if key.startswith(prefix) and key.count(":") >= 3 else None
+
+
+def remove_dead_claims(store: Any, claims: dict[str, dict[str, Any]]) -> list[str]:
+    """Delete those of `claims` (key -> record as read) that are removable; returns their keys. A claim is written
+    once under its own token and never renewed, so the record as read is the record as it is (or it is gone)."""
+    now = time.time()
+    dead = sorted(k for k, v in claims.items() if claim_collection(k) is not None and claim_removable(v, now))
+    store.registry_delete(dead)
+    return dead
+
+
+def record_timing(record: dict[str, Any], now: float | None = None) -> tuple[int, int]:
+    """A lease's or claim's (age, wait): seconds since its last renewal by our clock (negative: dated ahead of
+    it), and seconds it still blocks if never renewed again, rounded up (never quoted shorter than it is)."""
+    now = time.time() if now is None else now
+    return int(now - float(record.get("renewed", 0))), int(-(-blocking_seconds(record, now) // 1))
+
+
+def age_words(age: int) -> str:
+    """An age from `record_timing` in words."""
+    return f"{age} s ago" if age >= 0 else f"at a time {-age} s ahead of this clock"
+
+
 def intent_stale(record: dict[str, Any], min_age: float, now: float | None = None) -> bool:
     """A dead writer's intent: at least `min_age` old (0: every intent, the embedded rule), its writer known gone
     from this machine, or dated more than CLOCK_SKEW_SECONDS ahead (it would otherwise never turn old)."""
@@ -134,18 +183,32 @@ def check_no_reindex(store: Any, collection: str) -> None:
     if lease is None or not _elsewhere(lease):
         return
     started = time.strftime("%H:%M:%S", time.localtime(float(lease.get("started", 0))))
+    _, wait = record_timing(lease)
     raise StoreUnavailableError(
         f"Collection {collection!r} is being reindexed (since {started}, by process {lease.get('pid')} on "
         f"{lease.get('host')}); nothing was written",
         guidance=f"Try again when `research-agent kb reindex --collection {collection}` finishes; a reindex that "
-                 f"died stops blocking writes {int(LEASE_SECONDS)} s after its last sign of life.")
+                 f"died stops blocking writes {int(LEASE_SECONDS)} s after its last sign of life (this one: in "
+                 f"{wait} s unless it renews its lease).", retry_after_seconds=wait)
 
 
-def _already_reindexed(collection: str, other: dict[str, Any]) -> StoreUnavailableError:
-    return StoreUnavailableError(f"Collection {collection!r} is already being reindexed by process "
-                                 f"{other.get('pid')} on {other.get('host')}",
-                                 guidance="Wait for that reindex to finish; one reindex at a time (two started "
-                                          "within a second both stop: run it again).")
+def _already_reindexed(collection: str, others: list[dict[str, Any]], *, claim: bool) -> StoreUnavailableError:
+    """The refusal of a reindex: another holds the lease, or claims it (`claim`); it says when a retry can
+    succeed: at once when the other withdraws, else when the longest-blocking of `others` runs out."""
+    other = max(others, key=blocking_seconds)
+    age, wait = record_timing(other)
+    who, when = f"process {other.get('pid')} on {other.get('host')}", age_words(age)
+    if claim:
+        return StoreUnavailableError(
+            f"Collection {collection!r} is already being reindexed: {who} claimed its lease ({when})",
+            guidance="Run it again in a few seconds: a reindex taking the lease wins or withdraws within about a "
+                     "second (two started within a second both stop). If it died before either, its claim blocks "
+                     f"reindexes for {wait} s more; a retry then succeeds (`research-agent doctor` lists claims).",
+            retry_after_seconds=wait)
+    return StoreUnavailableError(
+        f"Collection {collection!r} is already being reindexed by {who} (lease renewed {when})",
+        guidance=f"Wait for that reindex to finish; one reindex at a time. If it died, its lease blocks for {wait} "
+                 "s more; a retry then succeeds.", retry_after_seconds=wait)
 
 
 class ReindexLease:
@@ -178,30 +241,33 @@ class ReindexLease:
         """Claim, settle, read back: raises the coded error (our claim withdrawn) when another reindex wins."""
         other = reindex_lease(self.store, self.collection)
         if other is not None:
-            raise _already_reindexed(self.collection, other)
+            raise _already_reindexed(self.collection, [other], claim=False)
         self.renewed = time.time()
         self.store.registry_put({self.claim: self._record()}, LEASE, self.collection)
         time.sleep(LEASE_SETTLE_SECONDS)
-        rival = self._rival()
-        if rival is not None:
+        claims, lease = self._rivals()
+        if claims or lease:
             self.store.registry_delete([self.claim])
-            raise _already_reindexed(self.collection, rival)
+            raise _already_reindexed(self.collection, claims or lease, claim=bool(claims))
         self._put()
         self.store.registry_delete([self.claim])  # only now: a rival reads claims first, then the lease
 
-    def _rival(self) -> dict[str, Any] | None:
-        """Another reindex's live claim, else a live lease with another token (None: we won).
+    def _rivals(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Other reindexes' live claims, and a live lease with another token (both empty: we won). Claims no
+        election can count live any more are removed on the way (`claim_removable`).
 
         Why any claim loses, not the earliest: claim times come from different clocks. Each reindex writes its
         claim before reading, so if two both read nothing of the other, each claim came after the other's read:
         impossible. Two claims within the settle both lose (run it again). Claims are read before the lease: the
         winner deletes its claim only after writing the lease, so a rival sees one or the other."""
-        claims = [v for k, v in self.store.registry_find(LEASE, self.collection).items()
-                  if k.startswith(_claim_prefix(self.collection)) and k != self.claim and lease_live(v)]
-        if claims:
-            return claims[0]
+        found = {k: v for k, v in self.store.registry_find(LEASE, self.collection).items()
+                 if k.startswith(_claim_prefix(self.collection)) and k != self.claim}
+        removed = remove_dead_claims(self.store, found)
+        if removed:
+            log.info("reindex of %s: removed %d dead claims", self.collection, len(removed))
+        claims = [v for k, v in found.items() if k not in removed and lease_live(v)]
         lease = reindex_lease(self.store, self.collection)
-        return lease if lease is not None and not self._ours(lease) else None
+        return claims, [lease] if lease is not None and not self._ours(lease) else []
 
     def _put(self) -> None:
         self.renewed = time.time()
@@ -214,7 +280,7 @@ class ReindexLease:
             return
         current = reindex_lease(self.store, self.collection)
         if current is not None and not self._ours(current):
-            raise _already_reindexed(self.collection, current)
+            raise _already_reindexed(self.collection, [current], claim=False)
         self._put()
 
     def drain(self) -> bool:
@@ -236,5 +302,7 @@ class ReindexLease:
         return False
 
 
-__all__ = ["CLOCK_SKEW_SECONDS", "LEASE", "LEASE_RENEW_SECONDS", "LEASE_SECONDS", "ReindexLease", "check_no_reindex",
-           "holder", "holder_gone", "intent_stale", "lease_key", "lease_live", "reindex_lease", "reindexed_elsewhere"]
+__all__ = ["CLOCK_SKEW_SECONDS", "LEASE", "LEASE_RENEW_SECONDS", "LEASE_SECONDS", "ReindexLease", "age_words",
+           "blocking_seconds", "check_no_reindex", "claim_collection", "claim_removable", "holder", "holder_gone",
+           "intent_stale", "lease_key", "lease_live", "record_timing", "reindex_lease", "reindexed_elsewhere",
+           "remove_dead_claims"]
