@@ -12,8 +12,19 @@ See docs/mcp.md for tools, transports, auth, resources, prompts, limits and erro
 
 from __future__ import annotations
 
+import _signal  # built in: nothing to load
 import os as _os
 import sys as _sys
+
+# Ctrl-C from the first line on exits 130 quietly (a KeyboardInterrupt in the middle of the imports below printed a
+# traceback): this handler (130 is research_agent.mcp.launch.INTERRUPTED_EXIT, not importable yet) until launch takes
+# over with its own (`starting`), which the server hands to Python's default handler once it handles Ctrl-C itself
+# (research_agent/mcp/launch.py). Never over an inherited SIG_IGN (nohup) or when imported as a module.
+if __name__ == "__main__":
+    _first_handler = None
+    if _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+        _signal.signal(_signal.SIGINT, lambda signum, frame: _os._exit(130))
+        _first_handler = _signal.getsignal(_signal.SIGINT)
 
 # Take the working directory ('' or its path) off sys.path unless this file lives there. `python -m
 # mcp_server` and `python -c` put it first on sys.path, and editors start servers in the open workspace: a
@@ -29,6 +40,9 @@ if _cwd != _os.path.dirname(_os.path.realpath(__file__)):
     _sys.path[:] = [_p for _p in _sys.path if _p and _os.path.realpath(_p) != _cwd]
 
 if __name__ == "__main__":  # answer `initialize` and the lists while the imports below load (mcp/stdio.py)
+    from research_agent.mcp.launch import starting
+
+    starting(replacing=_first_handler)
     from research_agent.mcp.stdio import start_early
 
     start_early()

@@ -1,5 +1,6 @@
 """Running the MCP server: `run()` (stdio or streamable HTTP, from the settings) and `main()`, the process
-entry that mcp_server.py and `research-agent serve` end in."""
+entry that mcp_server.py and `research-agent serve` end in. `run()` also sends FastMCP's log records through our
+handlers, one line each, a client's mistake without a traceback (errors.UserErrorsInOneLine)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from research_agent.config import Settings, load_settings
 from research_agent.container import configure_logging
 from research_agent.errors import ResearchAgentError
 from research_agent.mcp import stdio
+from research_agent.mcp.errors import UserErrorsInOneLine
 from research_agent.mcp.launch import INTERRUPTED_EXIT
 from research_agent.mcp.server import create_server
 
@@ -44,12 +46,35 @@ def run(transport: str | None = None, host: str | None = None, port: int | None 
     overrides = {**(settings_overrides or {}), "transport": transport, "host": host, "port": port}
     settings = load_settings(config_file, **{k: v for k, v in overrides.items() if v is not None})
     configure_logging(settings)
-    logging.getLogger("fastmcp").setLevel(settings.log_level.upper())
+    _fastmcp_logs_like_ours(settings.log_level.upper())
     if settings.transport == "http":
         stdio.release()  # an explicit HTTP choice after start_early() claimed stdio (a programmatic run())
         _run_http(settings)
     else:
         stdio.serve(create_server(settings))
+
+
+class _ThroughOurHandlers(logging.Handler):
+    """FastMCP's records, with a user error's in one line (errors.UserErrorsInOneLine), handed to the root
+    logger's handlers (configure_logging's: stderr, the log file), so they read like ours."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.addFilter(UserErrorsInOneLine())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger().handle(record)
+
+
+def _fastmcp_logs_like_ours(level: str) -> None:
+    """FastMCP's logger without its rich handlers (they wrapped one warning over 3-4 lines at 80 columns, and
+    printed a traceback for a client's missing prompt argument), through ours instead."""
+    fastmcp_log = logging.getLogger("fastmcp")
+    for handler in fastmcp_log.handlers[:]:
+        fastmcp_log.removeHandler(handler)
+    fastmcp_log.addHandler(_ThroughOurHandlers())
+    fastmcp_log.propagate = False  # the handler above hands each record to the root's handlers once
+    fastmcp_log.setLevel(level)
 
 
 def _run_http(settings: Settings) -> None:

@@ -244,6 +244,44 @@ def to_mcp_error(exc: Exception, tool: str = "?") -> MCPError:
     return coded(err.code, err.message, err.data)
 
 
+def user_error(exc: BaseException | None) -> str | None:
+    """What the client did wrong, in one line (`-32002 CollectionError: Collection 'x' not found`), when `exc` (or
+    an error it wraps or was raised from) is a coded error of the caller's making: a ResearchAgentError other than
+    the plain system error, a JSON-RPC error other than -32000/-32603, FastMCP's unknown-name and argument
+    errors, a prompt's missing arguments, a call the client cancelled. None for anything else: a genuine internal
+    failure, whose traceback is what the log is for."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen and len(seen) < 10:
+        seen.add(id(exc))
+        if isinstance(exc, ResearchAgentError) and exc.code != ResearchAgentError.code:
+            return f"{exc.code} {exc.type_name}: {exc.message}"
+        if isinstance(exc, MCPError) and exc.error.code not in (ResearchAgentError.code, -32603):
+            return f"{exc.error.code}: {exc.error.message}"
+        if isinstance(exc, (NotFoundError, ValidationError, CallCancelled)):
+            return f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ValueError) and str(exc).startswith("Missing required arguments"):
+            return f"{INVALID_PARAMS}: {exc}"  # a prompt rendered without its arguments (`_missing_prompt_arguments`)
+        exc = exc.error if isinstance(exc, ToolFailure) else exc.__cause__ or exc.__context__
+    return None
+
+
+class UserErrorsInOneLine(logging.Filter):
+    """A log record about a user error (`user_error`) becomes one line at WARNING at most, without the traceback
+    FastMCP attaches ("Error rendering prompt", "Error reading resource", "Error calling tool": 12-30 lines on
+    the server's stderr, which MCP clients show users as the server log, for a client's mistake that the client
+    already got as a coded error). Internal failures keep their traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        problem = user_error(record.exc_info[1]) if record.exc_info else None
+        if problem is not None:
+            record.msg = clip(f"{record.getMessage()}: {' '.join(problem.split())}", 400)
+            record.args = None
+            record.exc_info = record.exc_text = record.stack_info = None
+            if record.levelno > logging.WARNING:
+                record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        return True
+
+
 def _missing_prompt_arguments(exc: BaseException) -> str | None:
     """FastMCP reports a prompt rendered without its required arguments as a ValueError ("Missing required
     arguments: ...") wrapped in its PromptError: the client's mistake (-32602), not ours (-32000)."""
@@ -291,5 +329,5 @@ class ErrorMappingMiddleware(Middleware):
 
 
 __all__ = ["CALL_TIMEOUT", "INVALID_PARAMS", "CallCancelled", "ErrorMappingMiddleware", "ToolFailure",
-           "argument_kind", "call_timeout", "capped", "clip", "coded", "describe_arguments", "invalid_params",
-           "to_mcp_error", "to_tool_failure"]
+           "UserErrorsInOneLine", "argument_kind", "call_timeout", "capped", "clip", "coded", "describe_arguments",
+           "invalid_params", "to_mcp_error", "to_tool_failure", "user_error"]

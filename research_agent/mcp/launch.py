@@ -8,8 +8,13 @@ serve`) goes through `launch_transport`: a launch the settings will reject (a Co
 client a handshake first. Other settings are checked when they load, after the early answers
 (research_agent/mcp/stdio.py `refuse` then answers the requests received meanwhile).
 
-Ctrl-C (SIGINT) exits INTERRUPTED_EXIT. While serving, asyncio's own handling cancels the session (the lifespan
-closes the store) and `watch_interrupts` arms an exit INTERRUPT_GRACE_SECONDS later, whatever a tool call waits for.
+Ctrl-C (SIGINT) exits INTERRUPTED_EXIT, quietly, at any moment from the entry's first line on. While the server starts
+(`starting` until `stop_starting`: mcp_server.py's first lines, the stdio front) nothing is open yet, so it exits at
+once (`exit_while_starting`); a KeyboardInterrupt raised in the middle of an import printed a traceback (exit -2 or
+1), for about 1 s of an HTTP launch of mcp_server.py. While serving, asyncio's own handling cancels the session (the
+lifespan closes the store) and `watch_interrupts` arms an exit INTERRUPT_GRACE_SECONDS later, whatever a tool call
+waits for. Before the entry's first line runs (the interpreter's start-up and `site`, 10-30 ms) Ctrl-C is Python's
+own: killed by the signal (which a shell reports as 130), or Python's "Fatal Python error: init_import_site".
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 #: What Settings accept (see the module docstring).
@@ -34,6 +40,7 @@ INTERRUPT_GRACE_SECONDS = 3.0
 
 log = logging.getLogger("research_agent.mcp")
 _interrupts = 0  # Ctrl-Cs received while serving (`watch_interrupts`)
+_finish_before_exit: Callable[[], None] | None = None  # an early answer being written (`starting`)
 
 
 def acceptable(option: str, value: str) -> bool:
@@ -70,6 +77,32 @@ def set_interrupt_handler(handler: Any, replacing: Any) -> bool:
     except ValueError:  # not the main thread: signals are not ours to handle
         return False
     return True
+
+
+def exit_while_starting(signum: int, frame: Any) -> None:
+    """SIGINT's handler while the server starts: nothing is open yet (the store opens in the server's lifespan), so
+    the process exits INTERRUPTED_EXIT now, after any early answer being written, with nothing on stderr."""
+    if _finish_before_exit is not None:
+        _finish_before_exit()
+    exit_now(INTERRUPTED_EXIT)
+
+
+def starting(replacing: Any = signal.default_int_handler, finish: Callable[[], None] | None = None) -> None:
+    """From now until `stop_starting`, Ctrl-C exits at once (`exit_while_starting`), if SIGINT's handler is
+    `replacing` (Python's default; mcp_server.py passes its own first one) or already ours. `finish` (the stdio
+    front's `finish_line`) runs before that exit."""
+    global _finish_before_exit
+    if finish is not None:
+        _finish_before_exit = finish
+    set_interrupt_handler(exit_while_starting, replacing)
+
+
+def stop_starting() -> None:
+    """The caller handles KeyboardInterrupt from here (the event loop, main()'s except): Python's default handler
+    again, if `starting` had set ours."""
+    global _finish_before_exit
+    _finish_before_exit = None
+    set_interrupt_handler(signal.default_int_handler, exit_while_starting)
 
 
 def watch_interrupts() -> None:

@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import queue
-import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -43,10 +42,10 @@ from research_agent.mcp.early import LIST_CHANGED, REGENERATE, early_response, s
 from research_agent.mcp.launch import (
     INTERRUPTED_EXIT,
     exit_later,
-    exit_now,
     interrupted,
     launch_transport,
-    set_interrupt_handler,
+    starting,
+    stop_starting,
     watch_interrupts,
 )
 
@@ -246,7 +245,9 @@ def start_early(transport: str | None = None, port: str | None = None) -> None:
     except OSError:  # no stdin/stdout to claim (closed descriptors): serve() claims them or fails itself
         _early = None
         return
-    set_interrupt_handler(_stop_at_once, signal.default_int_handler)
+    # Ctrl-C now exits at once (launch.exit_while_starting) after any early answer being written: nothing is open
+    # yet, and a KeyboardInterrupt raised in the middle of an import printed a traceback.
+    starting(finish=_early.finish_line)
 
 
 def release() -> None:
@@ -255,7 +256,7 @@ def release() -> None:
     if _early is not None:
         _early.release()
         _early = None
-    set_interrupt_handler(signal.default_int_handler, _stop_at_once)
+    stop_starting()
 
 
 def refuse(error: Exception) -> None:
@@ -273,15 +274,6 @@ def refuse(error: Exception) -> None:
         wire.refuse(to_mcp_error(error).error.model_dump(exclude_none=True))
     except Exception:  # noqa: BLE001 - the caller reports `error` and exits either way
         log.exception("could not answer the requests received before the server failed to start")
-
-
-def _stop_at_once(signum: int, frame: Any) -> None:
-    """Ctrl-C while only the early front answers (the server still imports and loads its settings): nothing is
-    open yet (the store opens in the server's lifespan), so the process exits now, after any early answer being
-    written. A KeyboardInterrupt raised in the middle of an import printed a traceback (mcp_server.py)."""
-    if _early is not None:
-        _early.finish_line()
-    exit_now(INTERRUPTED_EXIT)
 
 
 def _error(request_id: Any, code: int, message: str, guidance: str) -> dict[str, Any]:
@@ -463,7 +455,7 @@ def serve(server: Any) -> None:
     wire, _early = _early or Wire(), None
     import anyio
 
-    set_interrupt_handler(signal.default_int_handler, _stop_at_once)  # the event loop's handling takes over
+    stop_starting()  # the event loop's handling takes over
     try:
         anyio.run(_serve, server, wire)
     except KeyboardInterrupt:
