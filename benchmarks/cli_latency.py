@@ -1,6 +1,6 @@
 """CLI query latency: what `research-agent query "..."` costs from a new process, stage by stage.
 
-Usage: .venv/bin/python benchmarks/cli_latency.py [--chunks 10000] [--runs 5] [--json] [--rerank]
+Usage: .venv/bin/python benchmarks/cli_latency.py [--chunks 10000] [--runs 5] [--json] [--rerank] [--server]
 
 The store is the 10k-chunk store of benchmarks/query_latency.py (built once under benchmarks/.cache/latency/,
 SciFact chunks cycled with their real vectors). Every run is a new process, as a terminal user gets:
@@ -18,6 +18,9 @@ Medians over `--runs` runs; queries cycle through a fixed list so no run reuses 
 benchmarks/.cache/latency/cross-encoder, random head: same cost, meaningless scores) is the reranker
 (RESEARCH_AGENT_RERANKER_MODEL), scored by CrossEncoder ("torch", rerank.NUMPY_RERANKER off: before) and by
 numpy_encoder.NumpyCrossEncoder ("numpy": after). The import rows are left out (they do not change).
+
+`--server` measures only `total`, in-process (RESEARCH_AGENT_LOCAL_SERVER=off) against answered by a running stdio
+MCP server (started here, warmed up) over the local socket (research_agent/search/local_server.py), alternated.
 
 `--before REV` adds a "before" column: the same CLI query run from the tree of git revision REV (exported once under
 benchmarks/.cache/latency/before-REV, first on sys.path), alternated with the current tree's query in every run, so
@@ -93,6 +96,8 @@ def build_store(chunks: int) -> None:
     items, vectors = corpus(c, chunks)
     if vectors:
         c = CachedEmbeddingContainer(c.settings, vectors)
+    elif os.environ.get("CLI_LATENCY_RANDOM_VECTORS"):
+        c = _RandomVectors(c.settings, {})
     for start in range(have, len(items), 500):
         docs = []
         for j, (title, body) in enumerate(items[start:start + 500], start=start):
@@ -102,6 +107,32 @@ def build_store(chunks: int) -> None:
                                          content_hash=content_hash(f"{title}\n{body}"), chunks=parts))
         write_documents(c, COLLECTION, docs)
         print(f"ingest {start + len(docs)}/{chunks}", file=sys.stderr, flush=True)
+
+
+def _random_vectors():  # type: ignore[no-untyped-def]
+    from query_latency import CachedEmbeddingContainer
+
+    class RandomVectors(CachedEmbeddingContainer):
+        """CLI_LATENCY_RANDOM_VECTORS=1 without the SciFact store: unit vectors seeded by each text instead of the
+        model's (~10 chunks/s on 2 busy cores). Latency does not depend on the values; rankings mean nothing."""
+
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            import hashlib
+            import random
+
+            out = []
+            for text in texts:
+                rng = random.Random(hashlib.sha256(text.encode()).digest())
+                vec = [rng.gauss(0.0, 1.0) for _ in range(self.dimension)]
+                norm = sum(v * v for v in vec) ** 0.5
+                out.append([v / norm for v in vec])
+            return out
+
+    return RandomVectors
+
+
+def _RandomVectors(settings, vectors):  # type: ignore[no-untyped-def]  # noqa: N802
+    return _random_vectors()(settings, vectors)
 
 
 def cross_encoder_path() -> Path:
@@ -252,6 +283,60 @@ def measure(chunks: int, runs: int, variants: tuple[str, ...], rerank: bool,
     return {v: {name: round(statistics.median(x), 1) for name, x in r.items()} for v, r in rows.items()}
 
 
+def start_server(store: str, env: dict[str, str]) -> tuple[subprocess.Popen, dict[str, str]]:
+    """A stdio MCP server on `store` (as an editor starts one), warmed up, and the environment under which a CLI
+    query reaches it over the local socket (its own XDG_RUNTIME_DIR, so no other server answers)."""
+    import tempfile
+
+    runtime = tempfile.mkdtemp(prefix="ra-bench-", dir="/tmp")
+    env = {**os.environ, **env, "RESEARCH_AGENT_STORE": store, "XDG_RUNTIME_DIR": runtime}
+    proc = subprocess.Popen([PY, str(ROOT / "mcp_server.py")], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)
+    for message in ({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                     "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "cli_latency", "version": "0"}}},
+                    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}):  # tools/list starts the warm-up
+        proc.stdin.write((json.dumps(message) + "\n").encode())
+        proc.stdin.flush()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        command = cli_command(store, QUERIES[0])
+        command.insert(command.index("--json"), "-v")
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        if "answered by the local server" in done.stderr:
+            return proc, env
+        time.sleep(1)
+    proc.kill()
+    raise SystemExit("the server never answered over the local socket")
+
+
+def measure_server(chunks: int, runs: int, rerank: bool) -> dict[str, dict[str, float]]:
+    """`total` of a CLI query in a new process: in-process (RESEARCH_AGENT_LOCAL_SERVER=off) against answered by a
+    running stdio server over the local socket (research_agent/search/local_server.py), alternated in every run."""
+    store = str(store_path(chunks))
+    env = {"RESEARCH_AGENT_RERANKER_MODEL": str(cross_encoder_path())} if rerank else {}
+    proc, served_env = start_server(store, env)
+    rows: dict[str, list[float]] = {"in-process": [], "server": [], "python startup": []}
+    try:
+        for i in range(runs):
+            query = QUERIES[i % len(QUERIES)]
+            order = ("in-process", "server") if i % 2 == 0 else ("server", "in-process")
+            rows["python startup"].append(wall([PY, "-c", "pass"]))
+            for v in order:
+                extra = {"RESEARCH_AGENT_LOCAL_SERVER": "off"} if v == "in-process" else {}
+                rows[v].append(wall(cli_command(store, query), {**served_env, **extra}))
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    startup = round(statistics.median(rows.pop("python startup")), 1)
+    return {v: {"total (CLI, new process)": round(statistics.median(x), 1), "python startup": startup}
+            for v, x in rows.items()}
+
+
 def main() -> int:
     if len(sys.argv) in (4, 5) and sys.argv[1] == "--stages":
         print(json.dumps(stages(*sys.argv[2:])))
@@ -263,6 +348,8 @@ def main() -> int:
     ap.add_argument("--rerank", action="store_true", help="reranked queries, CrossEncoder (torch) against numpy")
     ap.add_argument("--before", metavar="REV", help="add the same query from git revision REV's tree, alternated")
     ap.add_argument("--no-torch", action="store_true", help="with --rerank: leave out the torch CrossEncoder column")
+    ap.add_argument("--server", action="store_true",
+                    help="in-process against answered by a running MCP server over the local socket")
     args = ap.parse_args()
     ensure_store(args.chunks)
     variants: tuple[str, ...] = (("numpy",) if args.no_torch else VARIANTS) if args.rerank else ("default",)
@@ -270,11 +357,14 @@ def main() -> int:
     if before is not None:
         variants = ("before", *variants)
     load = os.getloadavg()[0]
-    medians = measure(args.chunks, max(1, args.runs), variants, args.rerank, before)
+    if args.server:
+        medians = measure_server(args.chunks, max(1, args.runs), args.rerank)
+    else:
+        medians = measure(args.chunks, max(1, args.runs), variants, args.rerank, before)
     if args.json:
         print(json.dumps({"chunks": args.chunks, "runs": args.runs, "cpus": os.cpu_count(), "before": args.before,
                           "load_average": [round(load, 1), round(os.getloadavg()[0], 1)],
-                          "median_ms": medians if (args.rerank or before) else medians["default"]}))
+                          "median_ms": medians if (args.rerank or before or args.server) else medians["default"]}))
         return 0
     print(f"{args.chunks} chunks, {args.runs} new processes, {os.cpu_count()} CPUs, "
           f"load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"

@@ -169,6 +169,9 @@ class Settings(BaseModel):
     warmup: bool = True
     max_concurrent_calls: int = Field(10, ge=1)
     call_timeout: float = Field(30.0, gt=0)
+    # auto: a long-lived MCP server on an embedded store answers `research-agent query` from the same user over a
+    # Unix socket when its settings match (research_agent/search/local_server.py); off: neither listens nor asks.
+    local_server: Literal["auto", "off"] = "auto"
 
     log_level: str = "WARNING"
     log_file: Path | None = None

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import typer
 
 from research_agent.cli import render
 from research_agent.cli.inputs import read_stdin
-from research_agent.cli.state import get_state, split_names
+from research_agent.cli.state import Dumped, get_state, split_names
 
 
 def query(
@@ -69,6 +69,15 @@ def query(
     context = _context(document_context, context_file)
     if text == "-":  # the query from a pipe or a here-document, as `kb add-research -` reads its content
         text = read_stdin().strip()
+    args = dict(collections=split_names(collections), project=project, top_k=top_k, document_context=context,
+                mode=mode, rerank=not no_rerank, filters=parse_filters(filter), max_tokens=max_tokens,
+                snippets=snippets, explain=explain, diverse=diverse)
+    # A long-lived MCP server on this store with these settings has Chroma's index and the models loaded and its
+    # store caught up: asked first, over a local socket, before anything heavy is imported here (issues 12, 16).
+    served = state.served("query", query=text, **args)
+    if served is not None:
+        render.emit(state, Dumped(served) if state.json else _query_result(served), render.query_result)
+        return
     from research_agent.search.service import query_knowledge
 
     # The store opens (chromadb's import and client: 0.5-1.5 s on 2 shared cores) in a thread while this one loads
@@ -78,11 +87,14 @@ def query(
     c.open_store_in_background()
     c.warm_query(text, mode, not no_rerank)
     c.wait_for_store()
-    result = state.read(query_knowledge, text, collections=split_names(collections), project=project, top_k=top_k,
-                        document_context=context, mode=mode, rerank=not no_rerank, filters=parse_filters(filter),
-                        max_tokens=max_tokens, snippets=snippets, explain=explain,
-                        diverse=diverse)
+    result = state.read(query_knowledge, text, **args)
     render.emit(state, result, render.query_result)
+
+
+def _query_result(data: dict[str, Any]) -> Any:
+    from research_agent.search.service import QueryResult
+
+    return QueryResult.model_validate(data)
 
 
 def _context(text: str | None, file: Path | None) -> str | None:

@@ -55,10 +55,29 @@ class CliState:
         with c.store.session():
             return fn(c, *args, **kwargs)
 
+    def served(self, op: str, **args: Any) -> Any:
+        """`op`'s answer from a long-lived MCP server on the same store with the same settings (no chromadb, numpy
+        or torch imported to ask), or None: run it in this process. A coded error the server's service raised is
+        raised here as it was (research_agent/search/local_server.py)."""
+        from research_agent.search import local_server
+
+        return local_server.ask(self.container().settings, op, args)
+
     def close(self) -> None:
         if self._container is not None:
             self._container.close()
             self._container = None
+
+
+class Dumped:
+    """A result already in its JSON shape (a local server's answer): what render.emit prints under --json, without
+    importing the service module to rebuild its model."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def model_dump(self, mode: str = "json") -> dict[str, Any]:
+        return self.data
 
 
 class JsonLogFormatter(logging.Formatter):

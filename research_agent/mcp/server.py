@@ -16,7 +16,7 @@ from fastmcp import FastMCP
 from research_agent import __version__
 from research_agent.config import Settings
 from research_agent.container import Container, build_container
-from research_agent.mcp import early, prompts, resources
+from research_agent.mcp import early, local_socket, prompts, resources
 from research_agent.mcp.errors import ErrorMappingMiddleware
 from research_agent.mcp.lifespan import (
     HEALTH_CHECK_WAIT,
@@ -49,10 +49,13 @@ def create_server(settings: Settings | None = None, config_file: Path | str | No
         state = ServerState(container)
         holder["store_kind"] = state.container.store.kind
         holder["state"] = state
+        listener = local_socket.start(state)  # `research-agent query` answered here (issues 12, 16)
         try:
             yield {"container": state.container, "state": state}
         finally:
             holder.pop("state", None)
+            if listener is not None:
+                listener.close()
             state.close()
 
     server = FastMCP(early.SERVER_NAME, version=__version__, instructions=early.INSTRUCTIONS,

@@ -12,6 +12,8 @@
 - calibration.py    calibrated relevance probabilities and labels (parameters in calibration.json, shipped here)
 - evaluation.py     nDCG / Recall / MRR on BEIR-format judgments (`research-agent eval`)
 - history.py        recent queries, kept bounded in the store registry
+- freshness.py      a long-lived server's watcher: catches up on another process's commit
+- local_server.py   the local query socket: a CLI query answered by a running server (protocol, CLI side)
 
 Tokens, stop words, the stemmer and snippets are research_agent.text's. Nothing is imported here, so
 `from research_agent.search import history` loads no more than it needs.

@@ -1,0 +1,261 @@
+"""The local query socket (issues 12 and 16): a long-lived MCP server on an embedded store answers `research-agent
+query` from the same user's other processes over a Unix socket, so a CLI query skips loading Chroma's index and
+the models (4.1-5.4 s at 1M chunks) and reads what the server's freshness watcher has already caught up.
+
+This module is the protocol and the CLI's side of it, on the standard library only: the CLI knows whether a server
+answers before it imports chromadb, numpy or torch. The server's side is research_agent/mcp/local_socket.py.
+
+Who may answer: only a server whose fingerprint (`fingerprint`: the resolved store, every setting but the
+transport/log/limit ones in IGNORED_SETTINGS, the package version) equals the CLI's. The fingerprint names the
+socket (`socket_path`), so a server with other settings never sees the request; the server compares the whole
+fingerprint again and declines a mismatch. Never with a Chroma server (chroma_host): those queries stay in-process.
+
+Where: `$XDG_RUNTIME_DIR/research-agent/<fingerprint>.sock`, else `/tmp/research-agent-<uid>/...`; the folder is
+the user's own, 0700, not a symbolic link (checked with lstat on both sides: anything else, no socket), the socket
+0600, and each side checks the other's uid (SO_PEERCRED). Not the store folder: a long store path would pass the
+~107-byte limit of a socket path, and a store on a network or synced folder may not hold sockets. Linux only
+(SO_PEERCRED); elsewhere the CLI runs in-process.
+
+Wire: one connection per request. The CLI sends one JSON line (`{"protocol", "fingerprint", "op", "args"}`, at most
+MAX_REQUEST bytes); the server answers one line at once (`{"accepted": true, "timeout": s}` or `{"declined": why}`),
+then one line with the answer (`{"result": ...}`, `{"error": ResearchAgentError.to_dict(), "exit_code": n}`, or
+`{"fallback": why}`). Time bounds on the CLI side: connect CONNECT_TIMEOUT, the first line ACK_TIMEOUT (a stopped
+server accepts connections but never answers), the answer the server's own call timeout plus ANSWER_MARGIN. Any
+failure, decline or time-out means the CLI runs the query in-process as it always did; only a coded error the
+service raised (an unknown collection, an empty query) is the answer.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import socket
+import stat
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from research_agent import __version__
+from research_agent.config import Settings
+from research_agent.errors import ResearchAgentError
+
+log = logging.getLogger("research_agent.local_server")
+
+PROTOCOL = 1
+#: The largest request line: a 1 MB document context (text a user pipes in) plus the rest of the query.
+MAX_REQUEST = 1_100_000
+#: The largest answer the CLI reads (a top_k of max_top_k whole chunks is well under 1 MB).
+MAX_RESPONSE = 64 * 1024 * 1024
+#: Seconds the CLI gives connect(); a server that does not accept by then is passed over.
+CONNECT_TIMEOUT = 0.2
+#: Seconds the CLI waits for the server's first line (accepted or declined) after sending its request.
+ACK_TIMEOUT = 1.0
+#: Seconds the CLI waits for an answer beyond the server's own call timeout (which bounds the call server-side).
+ANSWER_MARGIN = 5.0
+#: Settings that never change a query's answer (how the server is reached, logged, bounded, what ingest accepts).
+#: Every other setting is part of the fingerprint: a new setting counts until listed here (the safe direction).
+IGNORED_SETTINGS = frozenset({
+    "transport", "host", "port", "auth_type", "api_keys", "allowed_hosts", "allowed_origins", "max_http_sessions",
+    "http_session_idle_timeout", "http_header_timeout", "http_body_timeout", "warmup", "max_concurrent_calls",
+    "call_timeout", "log_level", "log_file", "lock_timeout", "chroma_connect_timeout", "allowed_roots",
+    "url_allowed_hosts", "url_max_mb", "url_timeout", "max_file_mb", "max_pdf_mb", "max_files_per_run",
+    "local_server",
+})
+#: What the socket answers: the read-only operations (the server half maps each to its service and call policy).
+OPS = frozenset({"query"})
+_MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108 on Linux (107 and a NUL), kept clear of it
+
+
+def fingerprint(settings: Settings) -> str:
+    """A hash of everything that changes an answer: the store (resolved), the settings, the code's version."""
+    values = settings.model_dump(mode="json")
+    relevant = {k: v for k, v in values.items() if k not in IGNORED_SETTINGS}
+    relevant["store"] = str(Path(settings.store).expanduser().resolve())
+    relevant["_version"], relevant["_protocol"] = __version__, PROTOCOL
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
+
+
+def usable(settings: Settings) -> str | None:
+    """Why the local socket is not used with these settings, or None."""
+    if settings.local_server == "off":
+        return "RESEARCH_AGENT_LOCAL_SERVER is off"
+    if settings.server_mode:
+        return "the store is a Chroma server"
+    if not sys.platform.startswith("linux") or not hasattr(socket, "SO_PEERCRED"):
+        return "the local socket needs Linux (SO_PEERCRED)"
+    return None
+
+
+def runtime_dir() -> Path:
+    """The per-user folder of sockets: $XDG_RUNTIME_DIR/research-agent, else /tmp/research-agent-<uid>. Not
+    TMPDIR: a server started by an editor and a shell must agree on the folder."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base and Path(base).is_absolute():
+        return Path(base) / "research-agent"
+    return Path("/tmp") / f"research-agent-{os.getuid()}"
+
+
+def secure_dir(path: Path, create: bool) -> bool:
+    """Whether `path` is a folder of this user's that only they can enter (not a symbolic link); with `create`,
+    made 0700 when missing. A folder someone else made first is refused, never repaired."""
+    if create:
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            log.info("local socket: cannot create %s (%s)", path, exc)
+            return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    ok = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+    if not ok and create:
+        log.info("local socket: %s is not a folder only this user can enter; not listening", path)
+    return ok
+
+
+def socket_path(settings: Settings, create: bool = False) -> Path | None:
+    """The socket of servers with these settings, in a secure folder; None (logged at INFO when creating) when
+    there is none to use."""
+    folder = runtime_dir()
+    if not secure_dir(folder, create):
+        return None
+    path = folder / f"{fingerprint(settings)[:32]}.sock"
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        if create:
+            log.info("local socket: %s is longer than a socket path may be; not listening", path)
+        return None
+    return path
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (SO_PEERCRED: pid, uid, gid)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+class LineReader:
+    """Lines from a socket, each of at most `limit` bytes, read by a deadline (the bytes after a line are kept
+    for the next: the server's two lines often arrive in one read)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+
+    def line(self, limit: int, deadline: float) -> bytes | None:
+        """The next line without its newline; None when the peer closed first. Raises TimeoutError past the
+        deadline (time.monotonic), ValueError past the limit."""
+        while True:
+            end = self.buf.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buf[:end])
+                del self.buf[:end + 1]
+                return line
+            if len(self.buf) > limit:
+                raise ValueError(f"line longer than {limit} bytes")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no complete line in time")
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(min(1 << 20, limit + 2 - len(self.buf)))
+            if not chunk:
+                if self.buf:
+                    raise ValueError("the connection closed inside a line")
+                return None
+            self.buf += chunk
+
+
+def send_line(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+
+class RemoteError(ResearchAgentError):
+    """A coded error the server's service raised, carried over as it was (code, type, message, data, exit code)."""
+
+    def __init__(self, error: dict[str, Any], exit_code: int) -> None:
+        super().__init__(str(error["message"]))
+        self.code, self.type_name, self.exit_code = int(error["code"]), str(error["type"]), int(exit_code)
+        self.data = dict(error["data"])
+
+
+class _Fallback(Exception):
+    """The server does not answer this request: run it in-process (the message says why, at -v)."""
+
+
+def ask(settings: Settings, op: str, args: dict[str, Any]) -> dict[str, Any] | None:
+    """The result of `op(**args)` from a matching local server, or None (logged at INFO: why) to run it here.
+    Raises RemoteError for a coded error the server's service raised."""
+    why = usable(settings)
+    path = None if why else socket_path(settings)
+    if path is None:
+        log.info("%s runs in this process: %s", op, why or "no local server for this store and these settings")
+        return None
+    started = time.monotonic()
+    try:
+        answer = _exchange(path, {"protocol": PROTOCOL, "fingerprint": fingerprint(settings), "op": op,
+                                  "args": args})
+    except _Fallback as exc:
+        log.info("%s runs in this process: %s", op, exc)
+        return None
+    if "error" in answer:
+        log.info("%s answered by the local server %s (%.3f s): an error", op, path, time.monotonic() - started)
+        raise RemoteError(answer["error"], answer["exit_code"])
+    log.info("%s answered by the local server %s (%.3f s)", op, path, time.monotonic() - started)
+    return answer["result"]
+
+
+def _exchange(path: Path, request: dict[str, Any]) -> dict[str, Any]:
+    payload = json.dumps(request, separators=(",", ":")).encode() + b"\n"
+    if len(payload) > MAX_REQUEST:
+        raise _Fallback(f"the request ({len(payload)} bytes) is larger than the socket takes ({MAX_REQUEST})")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise _Fallback("no local server for this store and these settings") from None
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+        raise _Fallback(f"{path} is not this user's socket")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT)
+        try:
+            sock.connect(str(path))
+        except OSError as exc:  # refused: a server that was killed left its socket behind
+            raise _Fallback(f"the local server does not accept ({errno.errorcode.get(exc.errno or 0, exc)})") from None
+        if peer_uid(sock) != os.getuid():
+            raise _Fallback("the local server runs as another user")
+        try:
+            sock.settimeout(ACK_TIMEOUT)
+            sock.sendall(payload)
+            lines = LineReader(sock)
+            first = _decode(lines.line(64 * 1024, time.monotonic() + ACK_TIMEOUT))
+            if "declined" in first:
+                raise _Fallback(f"the local server declined: {first['declined']}")
+            timeout = float(first.get("timeout", 30.0)) + ANSWER_MARGIN
+            answer = _decode(lines.line(MAX_RESPONSE, time.monotonic() + timeout))
+        except TimeoutError:
+            raise _Fallback("the local server did not answer in time") from None
+        except (OSError, ValueError) as exc:
+            raise _Fallback(f"the local server's answer broke off ({exc})") from None
+    finally:
+        sock.close()
+    if "fallback" in answer:
+        raise _Fallback(f"the local server could not answer: {answer['fallback']}")
+    if "result" not in answer and not ("error" in answer and "exit_code" in answer):
+        raise _Fallback("the local server's answer is not one this version reads")
+    return answer
+
+
+def _decode(line: bytes | None) -> dict[str, Any]:
+    if line is None:
+        raise ValueError("the server closed the connection")
+    message = json.loads(line)
+    if not isinstance(message, dict):
+        raise ValueError("not a JSON object")
+    return message
