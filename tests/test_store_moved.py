@@ -232,9 +232,9 @@ def test_a_stdio_server_refuses_a_store_another_process_re_created_at_its_path(t
     query = QUERY
     try:
         moved = _moved(store)
-        status = subprocess.run([sys.executable, "-m", "research_agent", "status"], cwd=ROOT, env=env,
-                                capture_output=True, text=True, timeout=HANG * 5)
-        assert store.is_dir(), status.stderr[-2000:]  # the CLI made a new, empty store at the path
+        made = subprocess.run([sys.executable, "-m", "research_agent", "collections", "create", "other"], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=HANG * 5)
+        assert store.is_dir(), made.stderr[-2000:]  # the CLI made a new store at the path (reads no longer do)
         for request_id in (5, 6):
             reply = _tool(s, request_id, "query_knowledge_base", **query)
             error = reply.get("error")

@@ -16,3 +16,8 @@ def status(ctx: typer.Context,
 
     state = get_state(ctx)
     render.emit(state, state.read(get_status, check_reranker=check_reranker), render.status_report)
+    store = state.container().store
+    if not state.json and not store.exists:  # a read never creates the store (a mistyped --store stays visible)
+        render.stderr().print(f"note: the store {store.location} does not exist yet; the first write (e.g. "
+                              "`research-agent collections create NAME`) creates it there.", markup=False,
+                              highlight=False)

@@ -17,6 +17,7 @@ class StatusReport(BaseModel):
     store_kind: str
     store_location: str
     store_reachable: bool
+    store_exists: bool = True  # False: nothing at an embedded store's path yet (reads never create it)
     store_error: str | None = None
     embedding_model: str
     embedding_backend: str
@@ -53,6 +54,7 @@ def get_status(c: Container, check_reranker: bool = False) -> StatusReport:
             available, error = False, exc.message
     report = StatusReport(
         version=__version__, store_kind=c.store.kind, store_location=c.store.location, store_reachable=True,
+        store_exists=c.store.exists,
         embedding_model=s.embedding_model, embedding_backend=s.embedding_backend, embedding_loaded=c.embedder_loaded,
         reranker_model=s.reranker_model, reranker_backend=s.reranker_backend, reranker_loaded=rr.loaded,
         reranker_available=available, reranker_error=error, reranker_precision=rr.precision, device=s.device,

@@ -7,7 +7,10 @@ index in memory would answer from before the commit), and the freshness watcher 
 `_use`, `_connect_lock`, `_connect`, `_generation`, `_warmed`, `_warmer`, `reopens` and `store_error`.
 
 The store's identity is `<store>/.store-id` (a uuid written once, on the first open by this version): a copy of
-the folder keeps it, a store re-created at the path gets another one (`_current` refuses that one).
+the folder keeps it, a store re-created at the path gets another one (`_current` refuses that one). An id that is
+empty, garbled or not a regular file is unknown, never taken for an id: a process that holds the store's id writes
+it back (one warning), one opening the store first writes a new one, and a folder put in the store's place with
+no readable id is refused, its message naming the id to write back (`_open_store_id`, `_check_same_store`).
 The small files of the store are read and written here without following symlinks (`read_small`,
 `replace_small`): anyone who can write into a shared store must not make a writer overwrite their files.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import threading
 import uuid
 from contextlib import contextmanager
@@ -37,6 +41,8 @@ STORE_ID_FILE = ".store-id"
 #: Bytes read from the store's small files (`.generation`, `.store-id`: 32 hex digits each): a link to /dev/zero
 #: or a huge file put there must not fill memory.
 SMALL_FILE_LIMIT = 256
+#: What `uuid.uuid4().hex` writes; anything else in `.store-id` (empty, garbled, a directory) is no id at all.
+_STORE_ID_RE = re.compile(r"[0-9a-f]{32}")
 
 
 def read_small(path: Path) -> str:
@@ -98,6 +104,8 @@ class GenerationMixin:
     _generation: str | None
     _identity: tuple[int, int] | None
     _store_id: str | None
+    _absent: bool
+    _warned: set[str]
     _warmed: threading.Event
     _warmer: int | None
     reopens: int
@@ -146,6 +154,8 @@ class GenerationMixin:
         cannot be read."""
         if self.settings.server_mode or self._client is None:
             return False
+        if self._absent:
+            return os.path.lexists(self.settings.store)  # created since: the next session opens it
         try:
             now = read_small(self._generation_path)
         except FileNotFoundError as exc:
@@ -166,8 +176,10 @@ class GenerationMixin:
             self._client = None
             self._meta = None
             gc.collect()  # the old system is in a reference cycle: freed now, not at the next full collection
+            was_absent = self._absent
             self._client = self._connect()
-            self.reopens += 1
+            if not (was_absent and getattr(self._local, "writing", 0)):  # not when this process's write made it
+                self.reopens += 1
             if self._warmer == threading.get_ident():
                 self._warmed.clear()  # the watcher's reopen: its warm-up follows (`warming`)
 
@@ -178,7 +190,12 @@ class GenerationMixin:
     def _read_generation(self) -> str | None:
         try:
             return read_small(self._generation_path)
-        except OSError:
+        except FileNotFoundError:
+            return None  # no commit yet
+        except OSError as exc:  # a directory or a link there: other processes' writes go unseen, said once
+            if not getattr(self._local, "writing", 0):  # (a writer says it when it cannot write the file)
+                self._warn_once(f"Cannot read {self._generation_path} ({exc.strerror or exc}): this process does not "
+                                "see other processes' writes; remove it (writers then write it again)")
             return None
 
     def _current(self) -> bool:
@@ -187,42 +204,102 @@ class GenerationMixin:
         still holds the old folder's SQLite file open: reads came from it and writes went to it.
 
         Raises StoreUnavailableError when another store took the path (`_check_same_store`)."""
+        if self._absent:
+            # A client standing in for a store not created yet: current while there is still nothing at the path,
+            # and for a read that entered no read gate (there was no folder to hold one in), which reads as the
+            # store was when it began; a gated read or a write opens the store another process created since.
+            gated = getattr(self._local, "gated", False) or getattr(self._local, "writing", 0)
+            return not gated or not os.path.lexists(self.settings.store)
         if self._store_identity() != self._identity:
             self._check_same_store()
             return False
         return self._read_generation() == self._generation
 
     def _read_store_id(self) -> str | None:
+        """The store's id, or None when `.store-id` is missing or unusable (`_store_id_on_disk`)."""
+        return self._store_id_on_disk()[0]
+
+    def _store_id_on_disk(self) -> tuple[str | None, str | None]:
+        """(the id, None), (None, None) when `.store-id` is missing, or (None, what is wrong with it)."""
+        path = self.settings.store / STORE_ID_FILE
         try:
-            return read_small(self.settings.store / STORE_ID_FILE).strip() or None
-        except OSError:
-            return None
+            text = read_small(path).strip()
+        except FileNotFoundError:
+            return None, None
+        except OSError as exc:  # a directory, a symlink (never followed), unreadable
+            return None, f"{path} cannot be read ({exc.strerror or exc})"
+        if _STORE_ID_RE.fullmatch(text):
+            return text, None
+        return None, f"{path} holds no store id ({'empty' if not text else 'garbled'})"
 
     def _open_store_id(self) -> str | None:
-        """This store's id, written now if it has none (a new store, or one made by an older version); None when
-        it cannot be written (a read-only store: a folder found at the path later is then never taken for it)."""
-        found = self._read_store_id()
+        """The id of the store folder being opened: the one in `.store-id`, written now if there is none.
+
+        Trigger: an emptied or garbled `.store-id` (finding 2 of the eighth attack pass) dropped the id this
+        process held at its next reopen, so a copy of the store put back was refused until a restart. Outcome:
+        an unusable id is written again, whole, with the id this process holds (or a new one on a first open),
+        with one warning; the id held is never dropped. A valid id is taken as found: this is the folder this
+        process opened (`_current` checked), and a process that opened it first may have just repaired it. None
+        when no id can be read or written (a read-only store: a folder found at the path later is never taken
+        for it).
+        """
+        known = self._store_id
+        found, problem = self._store_id_on_disk()
         if found is not None:
             return found
+        path = self.settings.store / STORE_ID_FILE
+        fresh = known or uuid.uuid4().hex
         try:
-            return create_small(self.settings.store / STORE_ID_FILE, uuid.uuid4().hex).strip() or None
+            if problem is None:  # missing: written once, so two processes opening it together agree on one id
+                found = create_small(path, fresh).strip()
+            else:  # unusable: replaced whole (never through a link); a directory there makes this fail
+                replace_small(path, fresh)
         except OSError as exc:
-            log.debug("cannot write the store id in %s: %s", self.settings.store, exc)
-            return None
+            if problem is not None:
+                self._warn_once(f"{problem}; it could not be written again ({exc.strerror or exc}): remove it "
+                                "so research-agent writes a new one")
+            else:
+                log.debug("cannot write the store id in %s: %s", self.settings.store, exc)
+            return known
+        if problem is not None:
+            self._warn_once(f"{problem}; wrote {'the id this process holds' if known else 'a new id'} there")
+        found = self._read_store_id() if problem is not None else found
+        # Another process may have written it meanwhile (it saw the same folder without a usable id): theirs counts.
+        return found if found is not None and _STORE_ID_RE.fullmatch(found) else known
+
+    def _warn_once(self, said: str) -> None:
+        """One warning per distinct problem with a small file of the store, not one per session or reopen."""
+        if said not in self._warned and len(self._warned) < 100:
+            self._warned.add(said)
+            log.warning("%s", said)
 
     def _check_same_store(self) -> None:
         """Another folder at the store's path: a copy of the store (same id) is reopened; any other is refused.
 
         Trigger: with a server running, `mv store store.mv; research-agent status` made an empty store at the
         path and the server adopted it (a new inode looked like a copy put back): it answered "Collections (0)"
-        (finding 3 of the seventh attack pass). Outcome: a coded error until the original is back or a restart."""
-        found = self._read_store_id()
+        (finding 3 of the seventh attack pass). Outcome: a coded error until the original is back or a restart.
+        A folder whose `.store-id` is missing or unusable cannot be told from a new store: refused too, the
+        message naming the id to write back if it is a copy."""
+        found, problem = self._store_id_on_disk()
         if (found is not None and found == self._store_id) or self._store_identity() is None:
             return  # a copy; or nothing there, which the reopen reports as a missing store
-        raise StoreUnavailableError(
-            f"The store at {self.settings.store} is not the one this process opened (it was replaced)",
-            guidance=f"Put the original store folder back at {self.settings.store}, or restart this process "
-            "(a running MCP server too) to use the new one.",
+        raise self._replaced(problem or (None if found else f"{self.settings.store / STORE_ID_FILE} is missing"))
+
+    def _replaced(self, problem: str | None = None) -> StoreUnavailableError:
+        path = self.settings.store / STORE_ID_FILE
+        if problem is None or self._store_id is None:
+            return StoreUnavailableError(
+                f"The store at {self.settings.store} is not the one this process opened (it was replaced)",
+                guidance=f"Put the original store folder back at {self.settings.store}, or restart this process "
+                "(a running MCP server too) to use the new one.",
+                store=str(self.settings.store))
+        return StoreUnavailableError(
+            f"The store at {self.settings.store} is not the one this process opened (it was replaced), or a copy "
+            f"of it whose id cannot be read: {problem}",
+            guidance=f"If that folder is a copy of the store this process opened, write its id into {path} "
+            f"(`printf {self._store_id} > {path}`); otherwise put the original back at {self.settings.store}, or "
+            "restart this process (a running MCP server too) to use the new one.",
             store=str(self.settings.store))
 
     def _store_identity(self) -> tuple[int, int] | None:

@@ -6,8 +6,9 @@ commit steps; docs/architecture.md, "Readers and writers across processes").
 - `LockingMixin`: the part of `Store` that uses them: `session()` for reads, `write_lock()` for writes (the
   file lock `<store>/.write.lock`), and the gate a writer opens while it fills a reindex copy. It uses the
   Store's `settings`, `client`, `_use`, `_local`, `_lock`, `_connect_lock`, `_gate`, `_readers_admitted`,
-  `_generation`, `_generation_path`, `_read_generation`, `_make_store_dir`, `store_error`, `_unpublished`,
-  `unpublished`, `refresh` and `_reopen_if_stale`. Every way out of a write opens the gate, whatever raised.
+  `_generation`, `_generation_path`, `_read_generation`, `_make_store_dir`, `_find_store_dir`, `store_error`,
+  `_unpublished`, `unpublished`, `refresh` and `_reopen_if_stale`. Every way out of a write opens the gate,
+  whatever raised.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class LockingMixin:
                 import fcntl  # noqa: F401 - POSIX only
             except ImportError:  # pragma: no cover - Windows: reads are not gated there
                 return None
-            self._make_store_dir()
+            if not self._find_store_dir():
+                return None  # no store yet: nothing to guard, and a read must not create its folder
             with self._connect_lock:
                 self._gate = self._gate or ReadGate(self.settings.store)
         return self._gate
@@ -227,11 +229,13 @@ class LockingMixin:
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
-        """`<store>/.write.lock`, one writer process at a time. POSIX: our own flock (`_flock`: the lock filelock
-        takes there, so other versions still exclude this one), which never creates folders: filelock made the
-        lock file's missing folder, so a write racing a move of the store re-created it empty at the old path
-        (a server then answered "Unknown collections" from it: 1 run in 6 of the moved-store test)."""
-        self.client  # the store folder exists before the lock file is made in it
+        """`<store>/.write.lock`, one writer process at a time. POSIX: our own flock (lock_primitives.flock: the
+        lock filelock takes there, so other versions still exclude this one), which never creates folders:
+        filelock made the lock file's missing folder, so a write racing a move of the store re-created it empty at
+        the old path (a server then answered "Unknown collections" from it: 1 run in 6 of the moved-store test).
+        A write is what creates a new store's folder (reads never do: Store._find_store_dir)."""
+        self._make_store_dir()  # the store folder exists before the lock file is made in it
+        self.client  # (a client opened before the folder existed is reopened under the lock: `_embedded_write`)
         self._make_store_dir()  # ... and is still there
         try:
             release = self._take_file_lock(time.monotonic() + self.settings.lock_timeout)

@@ -6,12 +6,17 @@
 - storage/registry.py  our own records and revisions (RegistryMixin)
 What stays here: connecting (and the retryable error when a Chroma server is unreachable), seeing other
 processes' writes (the generation file), and the collections: names, lookup, create, list, delete, rename.
+Only a write creates an embedded store's folder: until then reads answer as an empty store (`NoStoreYet`).
+Over 400 lines because opening the store is one concern with its failure modes: a server that is down or
+stuck, an embedded folder not created yet, moved away, re-created, or with an unusable file of its own;
+each error is built beside the check that knows the fact.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
 import threading
 from typing import Any
@@ -127,6 +132,53 @@ def unreachable(location: str, exc: BaseException, seconds: float | None = None)
     )
 
 
+class NoStoreYet:
+    """The client of an embedded store with nothing at its path yet: it reads as an empty store and creates nothing.
+
+    A write does not reach it: the write lock creates the folder and reopens the real client first, with the
+    client to itself (LockingMixin._file_lock, GenerationMixin._current). Anything else it is asked (a registry
+    write outside the write lock, which only tests do) creates the store and goes to the real client, as before.
+    """
+
+    def __init__(self, create: Any) -> None:
+        self._create = create  # makes the store folder and returns the real client (Store._create_now)
+
+    def heartbeat(self) -> int:
+        return 0
+
+    def list_collections(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return []
+
+    def count_collections(self) -> int:
+        return 0
+
+    def get_collection(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        raise CollectionError(f"Collection {name!r} not found", collection=name)
+
+    def get_or_create_collection(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        # Only our records' collection is opened this way on a read; a write to it creates the store.
+        return _NoRecords(name, lambda: self._create().get_or_create_collection(name, *args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._create(), name)
+
+
+class _NoRecords:
+    """Our records' collection of a store not created yet: no records; anything else goes to the real one."""
+
+    def __init__(self, name: str, create: Any) -> None:
+        self.name, self.id, self.metadata, self._create = name, None, {}, create
+
+    def get(self, *args: Any, include: Any = (), **kwargs: Any) -> dict[str, Any]:
+        return {"ids": [], **{field: [] for field in include}}
+
+    def count(self) -> int:
+        return 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._create(), name)
+
+
 def import_client_library() -> None:
     """Import chromadb (0.4-0.8 s on 2 cores) ahead of connecting: a CLI query does it in a thread while it
     loads its models when the store is a server (Container.open_store_in_background)."""
@@ -159,6 +211,8 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         self._opened = False  # an embedded store this process opened: never recreated empty if it goes away
         self._identity: tuple[int, int] | None = None  # the store folder the client opened (device, inode)
         self._store_id: str | None = None  # its `.store-id` (GenerationMixin._check_same_store)
+        self._absent = False  # the client is a NoStoreYet: nothing at the store's path when it was opened
+        self._warned: set[str] = set()  # problems with the store's small files already logged (one warning each)
         self.unpublished: str | None = None  # the last failure to write `.generation` (LockingMixin._publish)
 
     # -- client -----------------------------------------------------------------------------
@@ -184,6 +238,12 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
             return self._client
 
     @property
+    def exists(self) -> bool:
+        """False for an embedded store with nothing at its path yet (reads answer as an empty store; the first
+        write creates the folder). Never connects."""
+        return self.settings.server_mode or os.path.lexists(self.settings.store)
+
+    @property
     def connected(self) -> bool:
         """Whether a client is open, without connecting (the MCP warm-up's state re-checks it)."""
         return self._client is not None
@@ -204,15 +264,17 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
             except Exception as exc:
                 raise unreachable(self.location, exc, s.chroma_connect_timeout) from None
             return _ServerGuard(client, self.location)
-        self._make_store_dir()
+        if not self._find_store_dir():
+            self._absent, self._generation, self._identity = True, None, None
+            return NoStoreYet(self._create_now)
+        identity = self._store_identity()
+        store_id = self._open_store_id()  # before Chroma opens it: a store re-created at the path is refused
         try:
             self._generation = self._read_generation()
             client = chromadb.PersistentClient(path=str(s.store), settings=chroma_settings)
         except OSError as exc:
             raise self._unopenable(exc) from None
-        self._opened = True
-        self._identity = self._store_identity()
-        self._store_id = self._open_store_id()
+        self._opened, self._absent, self._identity, self._store_id = True, False, identity, store_id
         return client
 
     def _probe(self) -> None:
@@ -250,6 +312,35 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         except OSError as exc:
             raise self._unopenable(exc) from None
 
+    def _create_now(self) -> Any:
+        """Create the store folder and open the real client in place of a NoStoreYet (outside the write lock,
+        only a bare registry write gets here: tests)."""
+        with self._connect_lock:
+            if self._absent:
+                self._make_store_dir()
+                self._client = self._meta = None
+                self._client = self._connect()
+            return self._client
+
+    def _find_store_dir(self) -> bool:
+        """Whether the store folder is there (a read's check: it creates nothing, not even parents).
+
+        Trigger: `research-agent status` with the store moved away made an empty store at its path, and the
+        user's `mv store.mv store` then put the real store inside it (finding 3 of the eighth attack pass). Why:
+        the folder was made by any first use. Outcome: reads answer as an empty store, without creating it;
+        writes create it (`_make_store_dir`); a folder this process opened that has gone is still an error.
+        """
+        store = self.settings.store
+        if self._opened or os.path.lexists(store):
+            self._make_store_dir()  # a store folder gone since this process opened it, or a file at the path: coded
+            return True
+        found = store.parent  # the nearest part of the path that exists: a file there means no store can ever be
+        while not os.path.lexists(found) and found != found.parent:
+            found = found.parent
+        if not found.is_dir():
+            raise self._unopenable(NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(found)))
+        return False
+
     def _unopenable(self, exc: OSError) -> ConfigError:
         return ConfigError(f"Cannot open the store at {self.settings.store}: {exc.strerror}",
                            guidance="Pass a writable --store PATH.")
@@ -268,7 +359,20 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
             return self._store_gone()
         if exc.errno == errno.ELOOP:
             return self._linked(exc)
+        if exc.filename is not None and os.path.dirname(os.fspath(exc.filename)) == os.fspath(self.settings.store):
+            return self._bad_small_file(exc)
         return self._unopenable(exc)
+
+    def _bad_small_file(self, exc: OSError) -> ConfigError:
+        """One of the store's lock files cannot be opened: named, with what to do (finding 1 of the eighth attack
+        pass: a directory at `.read.lock` said only "Cannot open the store")."""
+        path = os.fspath(exc.filename)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            fix = f"Make {path} readable and writable by this user, or remove it (research-agent re-creates it)."
+        else:  # a directory, a socket or a device where a lock file belongs
+            fix = f"Remove {path} (research-agent re-creates it as a file), then run the command again."
+        return ConfigError(f"Cannot open {path}, a lock file of the store: {exc.strerror or exc}", guidance=fix,
+                           store=str(self.settings.store))
 
     def _linked(self, exc: OSError) -> StoreUnavailableError:
         """A lock file of the store is a symlink: never followed (lock_primitives.NOFOLLOW), said plainly."""
@@ -293,7 +397,8 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         with self._connect_lock:
             self._client = None
             self._meta = None
-            self._opened = False
+            self._opened = self._absent = False
+            self._store_id = self._identity = None
 
 
     # -- Chroma collections -------------------------------------------------------------------
@@ -378,5 +483,5 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         col.modify(name=name)
 
 
-__all__ = ["MAX_NAMES", "REQUEST_TIMEOUT", "SCHEMA_VERSION", "Store", "import_client_library", "unreachable",
-           "validate_name"]
+__all__ = ["MAX_NAMES", "REQUEST_TIMEOUT", "SCHEMA_VERSION", "NoStoreYet", "Store", "import_client_library",
+           "unreachable", "validate_name"]
