@@ -265,3 +265,25 @@ async def test_an_mcp_server_reads_a_missing_store_as_empty_and_its_first_write_
         listed = await call(client, "manage_collections", action="list")
         assert [c["name"] for c in listed["collections"]] == ["first"]
     assert _names_elsewhere() == ["first"]
+
+
+@pytest.mark.anyio
+async def test_a_query_on_a_missing_store_records_no_history_and_creates_nothing(monkeypatch):
+    """A query is a read: on a missing store it must not create the store through its history entry (a registry
+    write under the write lock, off the response path). A guard: an empty store answers "no collections" first."""
+    from fastmcp import Client
+    from fastmcp.exceptions import ToolError
+    from mcp.shared.exceptions import MCPError
+
+    import mcp_server
+
+    monkeypatch.setenv("RESEARCH_AGENT_WARMUP", "false")
+    store = Path(build_container().settings.store)
+    async with Client(mcp_server.mcp) as client:
+        for mode in ("keyword", "hybrid"):
+            try:
+                await client.call_tool("query_knowledge_base", {"query": "retry policy", "mode": mode})
+            except (MCPError, ToolError):
+                pass  # an empty store may answer with a coded error; either way it is a read
+    # the client's exit closes the server, which waits for the history writes
+    assert not store.exists()
