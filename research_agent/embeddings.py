@@ -1,9 +1,15 @@
-"""Embedding backends, loaded lazily and cached once per process."""
+"""Embedding backends, loaded lazily and cached once per process, and the token counters chunking sizes by.
+
+Over 400 lines (~500): resolving, loading and probing models (~230 lines) serve the backends here;
+`WordPieceCounter` (~90 lines, the chunker's fast exact counts) could move to its own module once the layer map
+in tests/test_architecture_boundaries.py names one.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -70,6 +76,93 @@ def _count_with(tokenizer: Any, texts: list[str]) -> list[int]:
     if not texts:
         return []
     return [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]]
+
+
+#: Distinct words `WordPieceCounter` remembers (~10 MB); past it the cache starts again.
+WORD_CACHE_WORDS = 100_000
+#: Words longer than this are counted each time, not remembered (a minified line is one long word).
+_CACHED_WORD_CHARS = 64
+#: Text the shortcut cannot read like the tokenizer: anything but printable ASCII, tab, line feed and carriage
+#: return (the normalizer drops control characters, and non-ASCII has accents, CJK and Unicode punctuation).
+_NOT_PLAIN = re.compile(r"[^\t\n\r\x20-\x7e]")
+#: A BERT pre-tokenizer's pieces of lowercased printable ASCII: runs of letters and digits, and every other
+#: visible character alone (all of ASCII's non-alphanumeric marks are punctuation to it); blanks split.
+_BERT_PIECE = re.compile(r"[a-z0-9]+|[^\t\n\r a-z0-9]")
+_BERT_PIECE_CASED = re.compile(r"[A-Za-z0-9]+|[^\t\n\r A-Za-z0-9]")
+
+
+class WordPieceCounter:
+    """Token counts of a BERT WordPiece tokenizer (BertNormalizer, BertPreTokenizer, WordPiece: the packaged
+    all-MiniLM-L6-v2's) ~10x faster than encoding each text, with the same numbers.
+
+    Such a tokenizer counts a text as the sum of the WordPiece counts of its pre-tokenized words, so a text of
+    printable ASCII is split here by `_BERT_PIECE` (what the normalizer and pre-tokenizer do to ASCII) and each
+    distinct word is tokenized once and remembered. Any other text (non-ASCII, control characters, or an added
+    token such as "[SEP]" written out) goes to `fallback`, the tokenizer itself. The chunker counts ~3 texts
+    per chunk, one by one: at 10k chunks encoding them took 7 of the chunker's 11 s (issue 16).
+    """
+
+    def __init__(self, model: Any, added: list[str], lowercase: bool, fallback: Callable[[list[str]], list[int]]):
+        self._model = model
+        self._added = [a for a in added if a]
+        self._lowercase = lowercase
+        self._pieces = _BERT_PIECE if lowercase else _BERT_PIECE_CASED
+        self._fallback = fallback
+        self._words: dict[str, int] = {}
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, fallback: Callable[[list[str]], list[int]]) -> "WordPieceCounter | None":
+        """A counter over a `tokenizers.Tokenizer` when its pipeline is the BERT one it reproduces, else None."""
+        import json
+
+        try:
+            spec = json.loads(tokenizer.to_str())
+        except Exception:
+            return None
+        norm, pre, model = spec.get("normalizer") or {}, spec.get("pre_tokenizer") or {}, spec.get("model") or {}
+        if (norm.get("type") != "BertNormalizer" or not norm.get("clean_text") or pre.get("type") != "BertPreTokenizer"
+                or model.get("type") != "WordPiece"):
+            return None
+        added = [str(a.get("content", "")) for a in spec.get("added_tokens") or []]
+        return cls(tokenizer.model, added, bool(norm.get("lowercase")), fallback)
+
+    def __call__(self, texts: list[str]) -> list[int]:
+        out = [0] * len(texts)
+        other: list[int] = []
+        for i, text in enumerate(texts):
+            if not text.isascii() or _NOT_PLAIN.search(text) or self._has_added(text):
+                other.append(i)
+            else:
+                out[i] = self._count(text.lower() if self._lowercase else text)
+        if other:
+            for i, n in zip(other, self._fallback([texts[i] for i in other])):
+                out[i] = n
+        return out
+
+    def _has_added(self, text: str) -> bool:
+        if not self._added:
+            return False
+        low = text.lower()  # an added token may match normalized text; checking case-blind covers both
+        return any(a.lower() in low for a in self._added)
+
+    def _count(self, text: str) -> int:
+        words = self._pieces.findall(text)
+        known = self._words
+        try:
+            return sum(map(known.__getitem__, words))
+        except KeyError:
+            pass
+        if len(known) > WORD_CACHE_WORDS:
+            known.clear()
+        total = 0
+        for word in words:
+            n = known.get(word)
+            if n is None:
+                n = len(self._model.tokenize(word))
+                if len(word) <= _CACHED_WORD_CHARS:
+                    known[word] = n
+            total += n
+        return total
 
 
 def token_counter(embedder: Any) -> Callable[[list[str]], list[int]]:
@@ -256,6 +349,7 @@ class SentenceTransformerEmbedder:
         self._model_lock = threading.Lock()
         self._fast = _numpy_encoder(name, target, device, batch_size)
         self._last_query: tuple[str, list[float]] | None = None
+        self._counter: Callable[[list[str]], list[int]] | None = None  # see count_tokens
         if self._fast is not None:
             self.dimension, self.max_tokens = self._fast.dimension, self._fast.max_tokens
             return
@@ -282,7 +376,9 @@ class SentenceTransformerEmbedder:
 
     def count_tokens(self, texts: list[str]) -> list[int]:
         if self._fast is not None:
-            return self._fast.count_tokens(texts)
+            if self._counter is None:
+                self._counter = _word_counter(self._load_args[0], self._fast.count_tokens) or self._fast.count_tokens
+            return self._counter(texts)
         return _count_with(self.model.tokenizer, texts)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
@@ -303,6 +399,17 @@ class SentenceTransformerEmbedder:
         vector = self._fast.embed_query(text)
         self._last_query = (text, vector)
         return list(vector)
+
+
+def _word_counter(folder: str, fallback: Callable[[list[str]], list[int]]) -> WordPieceCounter | None:
+    """A WordPieceCounter over the model folder's tokenizer.json, when its tokenizer is one it reproduces."""
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+    except Exception:
+        return None
+    return WordPieceCounter.for_tokenizer(tokenizer, fallback)
 
 
 def _numpy_encoder(name: str, target: str, device: str, batch_size: int) -> Any:
