@@ -80,11 +80,11 @@ def test_a_claim_is_deleted_only_when_no_clock_within_the_skew_can_count_it_live
 def test_a_foreign_live_claim_refuses_a_reindex_saying_when_a_retry_can_succeed(tmp_path, chroma_server,
                                                                                 fake_embedder):
     """Finding 1 and 2: the refusal named the other reindex and said 'run it again' (at once). It now says how
-    many seconds its claim (or lease) still blocks, counted from the record's own date (a lease 60 s ahead of our
-    clock blocks LEASE_SECONDS + 60 s), in the guidance and as data['retry_after_seconds']; our claim is
-    withdrawn and the foreign records are left in place."""
+    many seconds its claim (or lease) still blocks reindexes, counted from the record's own date (H1b: until
+    ELECTION_SECONDS old, so a lease 60 s ahead of our clock blocks ELECTION_SECONDS + 60 s), in the guidance
+    and as data['retry_after_seconds']; our claim is withdrawn and the foreign records are left in place."""
     from research_agent.errors import StoreUnavailableError
-    from research_agent.storage.leases import LEASE, LEASE_SECONDS, ReindexLease, lease_key
+    from research_agent.storage.leases import ELECTION_SECONDS as LEASE_SECONDS, LEASE, ReindexLease, lease_key
 
     collection = _unique("claimed")
     c = _open(chroma_server)
@@ -143,7 +143,9 @@ def test_the_next_election_removes_dead_claims_and_keeps_the_rest(tmp_path, chro
     """Finding 3: claims of reindexes that died before winning or withdrawing piled up in the registry forever.
     The next election removes those it reads that no clock within the skew can count live, or whose holder is
     known gone from this machine (which, fresh or not, blocks nothing: it wins beside it); a claim merely past
-    LEASE_SECONDS on our clock is kept (another machine's clock may still honour it)."""
+    LEASE_SECONDS on our clock is kept (another machine's clock may still honour it), and (H1b) still counts as
+    a rival: the election refuses beside it."""
+    from research_agent.errors import StoreUnavailableError
     from research_agent.storage.leases import CLOCK_SKEW_SECONDS, LEASE_SECONDS, ReindexLease, holder
 
     collection = _unique("dead")
@@ -154,11 +156,14 @@ def test_the_next_election_removes_dead_claims_and_keeps_the_rest(tmp_path, chro
         gone = _claim(c, collection, "a" * 32, now, **{**holder(), "pid": _exited_pid()})
         old = _claim(c, collection, "b" * 32, now - LEASE_SECONDS - CLOCK_SKEW_SECONDS - 60)
         absurd = _claim(c, collection, "c" * 32, now + 2 * CLOCK_SKEW_SECONDS + 60)
-        kept = _claim(c, collection, "d" * 32, now - LEASE_SECONDS - 60)
         with ReindexLease(c.store, collection, stale_intent_seconds=600) as lease:
-            assert _claims(c, collection) == {kept}, "dead claims left, or a possibly live one removed"
+            assert _claims(c, collection) == set(), "dead claims left"
             assert lease.claim not in _claims(c, collection)
         assert gone and old and absurd
+        kept = _claim(c, collection, "d" * 32, now - LEASE_SECONDS - 60)
+        with pytest.raises(StoreUnavailableError, match="already being reindexed"):
+            with ReindexLease(c.store, collection, stale_intent_seconds=600):
+                pytest.fail("won beside a claim another clock may count live")
         assert _claims(c, collection) == {kept}
     finally:
         c.close()
@@ -172,7 +177,7 @@ def test_doctor_lists_live_claims_with_their_time_left_and_repair_removes_only_d
     list it. Now doctor (text and --json alike) lists it (whose, how old, how long it still blocks), is not
     healthy, and advises to wait; dead claims are leftovers that `doctor --repair` removes (an action), never a
     live claim or another machine's live lease (whose true time left, dated ahead, is reported too)."""
-    from research_agent.storage.leases import CLOCK_SKEW_SECONDS, LEASE, LEASE_SECONDS, lease_key
+    from research_agent.storage.leases import CLOCK_SKEW_SECONDS, ELECTION_SECONDS, LEASE, LEASE_SECONDS, lease_key
 
     collection, other = _unique("doc"), _unique("docl")
     c = _open(chroma_server)
@@ -187,7 +192,7 @@ def test_doctor_lists_live_claims_with_their_time_left_and_repair_removes_only_d
         [claim] = report["reindex_claims"]
         assert (claim["collection"], claim["host"], claim["pid"]) == (collection, "another-machine", 4242)
         assert 18 <= claim["age_seconds"] <= 40, claim
-        assert LEASE_SECONDS - 40 <= claim["blocks_for_seconds"] <= LEASE_SECONDS - 20, claim
+        assert ELECTION_SECONDS - 40 <= claim["blocks_for_seconds"] <= ELECTION_SECONDS - 20, claim
         assert any("4242" in a and collection in a and f"{claim['blocks_for_seconds']} s" in a
                    for a in report["advice"]), report["advice"]
         assert report["leftovers"] == [] and not any("doctor --repair" in a for a in report["advice"]), report
@@ -232,7 +237,7 @@ async def test_check_store_over_mcp_lists_a_live_claim(tmp_path, chroma_server, 
     from fastmcp import Client
 
     import mcp_server
-    from research_agent.storage.leases import LEASE_SECONDS
+    from research_agent.storage.leases import ELECTION_SECONDS
 
     monkeypatch.setenv("RESEARCH_AGENT_WARMUP", "false")
     monkeypatch.setenv("RESEARCH_AGENT_CHROMA_HOST", chroma_server["host"])
@@ -249,5 +254,5 @@ async def test_check_store_over_mcp_lists_a_live_claim(tmp_path, chroma_server, 
     assert report["healthy"] is False, report
     [claim] = report["reindex_claims"]
     assert (claim["collection"], claim["pid"]) == (collection, 4242)
-    assert LEASE_SECONDS - 40 <= claim["blocks_for_seconds"] <= LEASE_SECONDS - 10, claim
+    assert ELECTION_SECONDS - 40 <= claim["blocks_for_seconds"] <= ELECTION_SECONDS - 10, claim
     assert any(collection in a and f"{claim['blocks_for_seconds']} s more" in a for a in report["advice"])

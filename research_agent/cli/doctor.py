@@ -6,6 +6,7 @@ import typer
 
 from research_agent.cli import render
 from research_agent.cli.state import get_state
+from research_agent.cli.terminal import printable
 
 
 def doctor(
@@ -21,6 +22,6 @@ def doctor(
     if not state.json:
         # Notes beside the verdict; the repair line is already in it (render.doctor_report).
         for line in (a for a in report.advice if a != REPAIR_ADVICE):
-            render.stderr().print(f"note: {line}", markup=False, highlight=False)
+            render.stderr().print(f"note: {printable(line)}", markup=False, highlight=False)
     if not report.healthy:
         raise typer.Exit(1)

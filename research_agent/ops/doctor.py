@@ -1,11 +1,15 @@
 """Doctor: check the store for what an interrupted write can leave behind, and repair it.
 
+Over 400 lines because each check lives beside its repair and the race argument that makes the repair safe.
+
 On a Chroma server other processes write while doctor runs, and no lock is shared with them, so a scan is
 only a list of candidates: every destructive step re-reads each candidate by id right before it acts
 (`_confirmed_orphans`, `_confirmed_incomplete`, `_stray_records`), and the working copies and backups of a
 collection with a live reindex lease are never touched (the lease is reported in `reindexes`). A live claim on a
 reindex lease (a reindex mid-election, or one that died there) blocks other reindexes of its collection: it is
 reported in `reindex_claims`; dead claims are leftovers the repair removes (storage/leases.py `claim_removable`).
+Lease and claim records are read once (`read_lease_records`, the source elections use); a malformed one blocks
+nothing, is listed as a leftover and removed by the repair (a lease only if still malformed when read again).
 """
 
 from __future__ import annotations
@@ -21,15 +25,17 @@ from research_agent.ingest.prepare import version_ids
 from research_agent.ingest.service import STALE_INTENT_SECONDS, delete_chunks, recover_interrupted
 from research_agent.storage.chunks import all_ids, records
 from research_agent.storage.leases import (
+    CLAIM,
+    ELECTION_SECONDS,
     LEASE,
     LEASE_SECONDS,
+    LeaseRecord,
     age_words,
-    claim_collection,
-    claim_removable,
-    lease_key,
-    lease_live,
+    election_live,
+    read_lease_records,
     record_timing,
     remove_dead_claims,
+    remove_malformed_lease,
 )
 from research_agent.storage.registry import DOCUMENT, INTENT, document_key
 from research_agent.storage.swaps import swap_target
@@ -67,12 +73,15 @@ class ReindexInfo(BaseModel):
     since: str = ""
     # Seconds since its last renewal by this machine's clock (negative: dated ahead of it, within the skew).
     age_seconds: int = 0
-    # How long it still blocks if never renewed again (a dead reindex): counted from its own date.
+    # How long it still blocks writes if never renewed again (a dead reindex): counted from its own date.
     blocks_for_seconds: int = 0
+    # How long it still blocks other reindexes if never renewed again (storage/leases.py `election_live`).
+    blocks_reindexes_for_seconds: int = 0
 
     def summary(self) -> str:
         return (f"{self.collection} (pid {self.pid} on {self.host}, lease renewed {age_words(self.age_seconds)}; "
-                f"if it died, blocks writes for {self.blocks_for_seconds} s more)")
+                f"if it died, blocks writes for {self.blocks_for_seconds} s more, other reindexes for "
+                f"{self.blocks_reindexes_for_seconds} s)")
 
 
 class ReindexClaim(BaseModel):
@@ -251,48 +260,78 @@ def _unfinished_advice(ch: CollectionCheck, repaired: bool) -> str:
             f"known dead (this machine's, or older than {int(STALE_INTENT_SECONDS)} s)")
 
 
-def _timing(record: dict[str, Any], now: float) -> dict[str, int]:
-    age, wait = record_timing(record, now)
-    return {"age_seconds": age, "blocks_for_seconds": wait}
+def _read_leases(c: Container) -> tuple[dict[str, LeaseRecord], float]:
+    """Every lease and claim record, and `now` read after them (a record renewed after an earlier `now` was
+    quoted as blocking 121 s)."""
+    records = read_lease_records(c.store)
+    return records, time.time()
 
 
 def _live_reindexes(c: Container) -> list[ReindexInfo]:
-    """Live reindex leases (storage/leases.py `lease_live`: renewed within LEASE_SECONDS, holder not dead)."""
-    prefix, now = lease_key(""), time.time()
-    records = c.store.registry_find(LEASE)
-    return [ReindexInfo(collection=key[len(prefix):], host=lease.get("host"), pid=lease.get("pid"),
-                        since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(lease.get("started", 0)))),
-                        **_timing(lease, now))
-            for key, lease in sorted(records.items()) if key.startswith(prefix) and lease_live(lease, now)]
+    """Reindex leases that still block something: writes (`lease_live`) or, longer, other reindexes
+    (`election_live`, a lease dated ahead of our clock or up to ELECTION_SECONDS old)."""
+    records, now = _read_leases(c)
+    return [ReindexInfo(collection=r.collection, host=r.record.get("host"), pid=r.record.get("pid"),
+                        since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.record["started"])),
+                        **_timing(r.record, now))
+            for _, r in sorted(records.items()) if r.kind == LEASE and r.collection is not None
+            and r.record is not None and election_live(r.record, now)]
 
 
-def _live_claims(records: dict[str, dict[str, Any]]) -> list[ReindexClaim]:
-    now = time.time()
-    return [ReindexClaim(collection=claim_collection(key), host=v.get("host"), pid=v.get("pid"), **_timing(v, now))
-            for key, v in sorted(records.items()) if claim_collection(key) is not None and lease_live(v, now)]
+def _timing(record: dict[str, Any], now: float) -> dict[str, int]:
+    age, wait = record_timing(record, now)
+    return {"age_seconds": age, "blocks_for_seconds": wait,
+            "blocks_reindexes_for_seconds": record_timing(record, now, election=True)[1]}
 
 
-def _dead_claims(c: Container, records: dict[str, dict[str, Any]], repair: bool, actions: list[str]) -> list[str]:
-    """Claims no election can count live any more (reindexes that died mid-election); repair removes them.
-    Claims dead to our clock only are left alone (another machine's may still honour them)."""
-    dead = sorted(k for k, v in records.items() if claim_collection(k) is not None and claim_removable(v))
-    if dead and repair:
-        dead = remove_dead_claims(c.store, {k: records[k] for k in dead})
-        actions.append(f"removed {_claims_of(dead)}")
+def _live_claims(records: dict[str, LeaseRecord], now: float) -> list[ReindexClaim]:
+    """Claims that count for elections (until removable): a claim dated up to 2 x the skew ahead of our clock
+    blocks later, so it is listed now (it was called healthy)."""
+    return [ReindexClaim(collection=r.collection, host=r.record.get("host"), pid=r.record.get("pid"),
+                         age_seconds=record_timing(r.record, now, election=True)[0],
+                         blocks_for_seconds=record_timing(r.record, now, election=True)[1])
+            for _, r in sorted(records.items()) if r.kind == CLAIM and r.collection is not None
+            and r.record is not None and election_live(r.record, now)]
+
+
+def _dead_claims(c: Container, records: dict[str, LeaseRecord], now: float, repair: bool,
+                 actions: list[str]) -> list[str]:
+    """Claims no election can count live any more (reindexes that died mid-election), and malformed lease and
+    claim records (they block nothing); repair removes them, a malformed lease only if still malformed when read
+    again. Claims dead to our clock only are left alone (another machine's may still honour them)."""
+    dead = sorted(k for k, r in records.items() if r.kind == CLAIM and r.record is not None
+                  and not election_live(r.record, now))
+    malformed = sorted(k for k, r in records.items() if r.record is None)
+    if repair and (dead or malformed):
+        removed = remove_dead_claims(c.store, {k: records[k] for k in [*dead, *malformed]})
+        removed += [k for k in malformed if records[k].kind == LEASE and remove_malformed_lease(c.store, k)]
+        gone_dead, gone_bad = [k for k in dead if k in removed], [k for k in malformed if k in removed]
+        if gone_dead:
+            actions.append(f"removed {_claims_of(gone_dead, records)}")
+        if gone_bad:
+            actions.append(f"removed {_malformed_of(gone_bad)}")
         return []
-    return [f"{_claims_of(dead)}: records only, blocking nothing"] if dead else []
+    return ([f"{_claims_of(dead, records)}: records only, blocking nothing"] if dead else []) + (
+        [f"{_malformed_of(malformed)}: blocking nothing"] if malformed else [])
 
 
-def _claims_of(keys: list[str]) -> str:
-    names = ", ".join(sorted({claim_collection(k) or "" for k in keys}))
+def _claims_of(keys: list[str], records: dict[str, LeaseRecord]) -> str:
+    names = ", ".join(sorted({records[k].collection or "" for k in keys}))
     return f"{len(keys)} dead reindex claim{'s' if len(keys) != 1 else ''} (of {names})"
+
+
+def _malformed_of(keys: list[str]) -> str:
+    """Malformed records by key (repr: a key is anyone's text)."""
+    shown = ", ".join(repr(k) for k in keys[:MISSING_EXAMPLES]) + (", ..." if len(keys) > MISSING_EXAMPLES else "")
+    return f"{len(keys)} malformed reindex lease or claim record{'s' if len(keys) != 1 else ''} ({shown})"
 
 
 def _reindex_advice(r: ReindexInfo) -> str:
     return (f"{r.collection}: being reindexed since {r.since} by pid {r.pid} on {r.host}; other processes' writes "
             "to it are refused meanwhile and its working copy is left alone; wait for `research-agent kb reindex` "
-            f"to finish (a dead reindex stops blocking {int(LEASE_SECONDS)} s after its last renewal: this one, "
-            f"last renewed {age_words(r.age_seconds)}, in {r.blocks_for_seconds} s unless it renews again)")
+            f"to finish (a dead reindex stops blocking writes {int(LEASE_SECONDS)} s after its last renewal: this "
+            f"one, last renewed {age_words(r.age_seconds)}, in {r.blocks_for_seconds} s unless it renews again; "
+            f"other reindexes {int(ELECTION_SECONDS)} s after it: in {r.blocks_reindexes_for_seconds} s)")
 
 
 def _claim_advice(r: ReindexClaim) -> str:
@@ -325,12 +364,12 @@ def run_doctor(c: Container, repair: bool = False, *, repaired: bool = False) ->
     c.store.refresh()
     actions: list[str] = []
     reindexes = _live_reindexes(c)
-    lease_records = c.store.registry_find(LEASE)  # for the claims on leases, live and dead
-    claims = _live_claims(lease_records)
+    lease_records, now = _read_leases(c)  # leases and claims, live, dead and malformed
+    claims = _live_claims(lease_records, now)
     leftovers = _swap_leftovers(c, repair, actions, {r.collection for r in reindexes})
     checks = [_check_collection(c, col, repair, actions) for col in c.store.list_collections()]
     leftovers += _stray_records(c, {r.collection for r in reindexes}, repair, actions)
-    leftovers += _dead_claims(c, lease_records, repair, actions)
+    leftovers += _dead_claims(c, lease_records, now, repair, actions)
     if repair:
         # Report the store as it is now, not as it was found.
         after = run_doctor(c, repaired=True)

@@ -1,38 +1,62 @@
 """Server-mode coordination records: who holds a record (a writer's intent, a reindex's lease) and the reindex lease.
 
+Over 400 lines because the lease's records, their validation, the election and its refusals are one protocol:
+split, the rules below would be stated in one module and applied in another.
+
 On a Chroma server the store's write lock is per process, so a reindex also holds a lease (a registry record that
 server-mode writers check after recording their intent, `check_no_reindex`); storage/swaps.py catches up with
 whatever was written anyway before and after its renames.
 
+Every lease and claim record is read through `parse_record` (`read_lease_records`, `reindex_lease`): a record that
+is not JSON, not an object, or whose fields have the wrong type (dates: finite numbers within years 1970-9999;
+pid: an int in 1..2**31-1, never a bool; host, pidns, token: short strings) is malformed. A malformed record is
+never live: it blocks no write and no reindex, doctor lists it, `doctor --repair` removes it (a claim at once; a
+lease after reading it again by key: no holder can renew it validly, and a holder's valid renewal replaces it),
+and the next election of its collection removes a malformed claim. A claim is a record whose registry key is
+`lease:claim:<collection>:<token>` for the `collection` its metadata names (how elections find it) and a token
+without ':'; any other claim key is malformed (one source for elections and doctor).
+
 Dates written by other machines (their clocks may run ahead or behind ours by up to CLOCK_SKEW_SECONDS, 300 s):
-  - a lease counts only while `now - renewed` is within [-CLOCK_SKEW_SECONDS, LEASE_SECONDS] (`lease_live`): a
-    lease renewed "an hour from now" is a broken clock's and blocks nothing (it refused every write for the hour);
+  - for writes, a lease counts only while `now - renewed` is within [-CLOCK_SKEW_SECONDS, LEASE_SECONDS]
+    (`lease_live`): a lease renewed "an hour from now" is a broken clock's and blocks nothing;
+  - for elections, a lease or claim counts while any clock within CLOCK_SKEW_SECONDS of ours may count it live:
+    `now - renewed` within [-2 x CLOCK_SKEW_SECONDS, LEASE_SECONDS + CLOCK_SKEW_SECONDS] and its holder not known
+    gone (`election_live`; `claim_removable` is its negation for claims). So a dead claim or lease stops blocking
+    reindexes LEASE_SECONDS + CLOCK_SKEW_SECONDS (420 s) after its own date, sooner when its holder is known gone
+    from this machine, and two reindexes never both win while their clocks differ by less than 420 s (with the
+    narrow window two machines 350 s apart both won);
   - an intent is a dead writer's when older than the caller's min_age, when its writer is known gone from this
-    machine, or when it is dated more than CLOCK_SKEW_SECONDS ahead (`intent_stale`): recover_interrupted undoes
-    it and the drain does not wait for it (a day-ahead intent made each reindex wait 2 x 60 s).
+    machine, or when it is dated more than CLOCK_SKEW_SECONDS ahead (`intent_stale`).
 Taking the lease: each reindex writes a claim of its own (`lease:claim:<collection>:<token>`), waits
 LEASE_SETTLE_SECONDS, then reads the claims and the lease back. It loses (the coded "already being reindexed"
-error, its claim withdrawn) when another live claim or a live lease with another token exists; the winner writes
-the lease with its token, then drops its claim. Never two winners, whatever the clocks (`_rivals`); two reindexes
-started within the settle both lose. A reindex leaving deletes the lease only while it still holds its token.
-A claim left by a reindex that died mid-election blocks the others until it turns LEASE_SECONDS old (counted from
-its own date: longer when it is dated ahead of our clock, `blocking_seconds`); the refusal says how long, doctor
-lists it. Dead claims are removed by the next election that reads them and by `doctor --repair`, but only when no
-machine may still count them live (`claim_removable`: another machine's election may honour a claim our clock
-calls dead, and removing it there could let two reindexes win); a lease is never removed but by its holder (its
-key is reused: a delete after a read could remove a newer live one).
+error) when another claim or a lease with another token counts for elections; the winner writes the lease with
+its token, then drops its claim. Its claim is withdrawn on every way out of the election (an error, a kill signal
+raised as an exception), and its lease is released when anything fails after it won but before the body runs.
+Records of this very process are never a rival's (leftovers of its earlier attempts
+whose withdrawal failed: the election removes such claims once MID_ELECTION_SECONDS old). Never two winners,
+whatever the clocks within the bound above (`_rivals`); two reindexes started within the settle both lose. A
+reindex leaving deletes the lease only while it still holds its token; one that lost its lease meanwhile and
+then failed ends with the coded "lost its lease" error, not the store's own exception.
+A refusal quotes how long the blocking record still counts (from its own date, `election_seconds`), or about
+MID_ELECTION_SECONDS (3 x the settle) for a claim that young whose holder is alive on this machine. Dead claims
+are removed by the next election that reads them and by `doctor --repair`; a lease is never removed but by its
+holder, or by repair when malformed (its key is reused: a delete after a read could remove a newer live one).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from research_agent.errors import StoreUnavailableError
+from research_agent.errors import ResearchAgentError, StoreUnavailableError
+from research_agent.storage import chunks
 from research_agent.storage.registry import INTENT
 
 log = logging.getLogger(__name__)
@@ -52,32 +76,133 @@ def _pid_namespace() -> str | None:
         return None
 
 
+def _here(record: dict[str, Any]) -> bool:
+    return (record.get("host"), record.get("pidns")) == (socket.gethostname(), _pid_namespace())
+
+
+def _valid_pid(pid: Any) -> bool:
+    return type(pid) is int and 0 < pid <= PID_MAX
+
+
 def holder_gone(record: dict[str, Any]) -> bool:
     """True when the record's holder ran on this host and its process no longer exists.
 
     Why: on a Chroma server an intent younger than STALE_INTENT_SECONDS (600 s) was taken for a live writer's,
     so a writer killed on this very machine stayed unrecovered (and its flip unannounced) for 10 minutes. A
     holder on another host or in another pid namespace (container), or a record of an older version (no pid),
-    is never called gone here.
+    or one whose pid is no pid (a bool, a float, 2**70: OverflowError), is never called gone here.
     """
+    if not isinstance(record, dict) or not _here(record):
+        return False
     pid = record.get("pid")
-    if (record.get("host"), record.get("pidns")) != (socket.gethostname(), _pid_namespace()):
-        return False
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    if pid == os.getpid():
+    if not _valid_pid(pid) or pid == os.getpid():
         return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except OSError:  # EPERM: it exists under another user
+    except (OSError, OverflowError, ValueError):  # EPERM: it exists under another user
         return False
     return False
 
 
+def _ours_by_process(record: dict[str, Any]) -> bool:
+    """A record written by this very process (host, pid namespace and pid)."""
+    return _here(record) and record.get("pid") == os.getpid()
+
+
+# -- the records: every lease and claim is read through parse_record --------------------------------------------
+#: The largest pid a record may name (pid_t); dates must fall within years 1970-9999 (time.localtime of 1e20 fails).
+PID_MAX = 2**31 - 1
+DATE_MAX = 253_402_300_799.0
+#: Host names, pid namespaces and tokens longer than this are no one's (a host name has at most 253 characters).
+TEXT_MAX = 255
+
+
+def _date(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and 0.0 <= value <= DATE_MAX else None
+
+
+def _text(value: Any, *, optional: bool) -> bool:
+    return (value is None and optional) or (isinstance(value, str) and 0 < len(value) <= TEXT_MAX)
+
+
+def parse_record(raw: Any) -> dict[str, Any] | None:
+    """A lease or claim record (its stored JSON text, or the object) with its fields checked; None: malformed.
+
+    Checked: an object; `renewed` a finite date (`started` too, when present: default `renewed`); `pid`, when
+    present, an int in 1..PID_MAX (not a bool); `host` and `token`, when present, non-empty strings of at most
+    TEXT_MAX characters; `pidns` such a string or null. Why: forged or garbled records ('renewed': null, NaN,
+    "yesterday"; pid 2**70; not JSON) crashed doctor, every reindex and the write check of their collection.
+    """
+    if isinstance(raw, (str, bytes)):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    if not isinstance(raw, dict):
+        return None
+    renewed = _date(raw.get("renewed"))
+    started = _date(raw.get("started", renewed))
+    if renewed is None or started is None:
+        return None
+    if "pid" in raw and not _valid_pid(raw["pid"]):
+        return None
+    if not all(_text(raw[f], optional=False) for f in ("host", "token") if f in raw):
+        return None
+    if not _text(raw.get("pidns"), optional=True):
+        return None
+    return {**raw, "renewed": renewed, "started": started}
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One record of kind LEASE as stored: a lease (`lease:reindex:<collection>`) or a claim; `record` is the
+    parsed record, None when malformed (then `collection` is None when the key names none)."""
+
+    key: str
+    kind: str  # "lease" or "claim"
+    collection: str | None
+    record: dict[str, Any] | None
+
+
+def _classify(key: str, meta: Any, doc: Any) -> LeaseRecord:
+    if key.startswith(lease_key("")):
+        collection: str | None = key[len(lease_key("")):]
+        return LeaseRecord(key, LEASE, collection, parse_record(doc))
+    named = meta.get("collection") if isinstance(meta, dict) else None
+    token = key[len(_claim_prefix(named)):] if isinstance(named, str) and key.startswith(_claim_prefix(named)) else ""
+    if not token or ":" in token:  # the key and the metadata elections find it by disagree: no one's claim
+        return LeaseRecord(key, CLAIM, None, None)
+    return LeaseRecord(key, CLAIM, named, parse_record(doc))
+
+
+def read_lease_records(store: Any, collection: str | None = None, *,
+                       keys: list[str] | None = None) -> dict[str, LeaseRecord]:
+    """Every lease and claim record (of `collection`, by its metadata; or those of `keys`), parsed.
+
+    Read from the registry's collection directly, not through `registry_find`: a record that is not JSON made
+    that raise, and a claim is found by its metadata, which only this read returns."""
+    where: dict[str, Any] = {"record": LEASE}
+    if collection is not None:
+        where = {"$and": [where, {"collection": collection}]}
+    fields = ["documents", "metadatas"]
+
+    def scan() -> dict[str, LeaseRecord]:
+        got = chunks.records(store.meta, fields, ids=keys) if keys is not None else \
+            chunks.records(store.meta, fields, where=where)
+        return {str(k): _classify(str(k), meta, doc) for k, doc, meta in got
+                if keys is not None or str(k).startswith(f"{LEASE}:")}
+
+    return scan() if keys is not None else chunks.rescanning(scan)
+
+
 # -- the reindex lease: server-mode writers of other processes hold off while a reindex copies -----------------
 LEASE = "lease"
+CLAIM = "claim"
 #: A lease not renewed for this long is a dead reindex's (it renews every LEASE_RENEW_SECONDS while copying);
 #: writers then stop waiting for it. 120 s is 12 missed renewals: a busy machine does not lose its lease.
 LEASE_SECONDS = 120.0
@@ -89,10 +214,15 @@ CLOCK_SKEW_SECONDS = 300.0
 #: written meanwhile is seen (a registry write takes ~10 ms on a local server; 1 s leaves room for a slow one).
 #: Every server-mode reindex pays it once.
 LEASE_SETTLE_SECONDS = 1.0
+#: A claim younger than this may belong to an election still under way (one settle before ours began, ours, and
+#: room for slow registry calls): a retry after it succeeds unless that reindex won.
+MID_ELECTION_SECONDS = 3 * LEASE_SETTLE_SECONDS
 #: How long a reindex waits, after taking its lease, for writes already under way (their intents) to finish.
 #: Past it the reindex goes on: its catch-up copies whatever they flip (a dead writer's intent never clears).
 LEASE_DRAIN_SECONDS = 60.0
 LEASE_POLL_SECONDS = 0.2
+#: How long after its own date a record counts for elections at most (module docstring).
+ELECTION_SECONDS = LEASE_SECONDS + CLOCK_SKEW_SECONDS
 
 
 def lease_key(collection: str) -> str:
@@ -100,52 +230,68 @@ def lease_key(collection: str) -> str:
 
 
 def _claim_prefix(collection: str) -> str:
-    return f"{LEASE}:claim:{collection}:"
+    return f"{LEASE}:{CLAIM}:{collection}:"
 
 
-def lease_live(record: dict[str, Any], now: float | None = None) -> bool:
-    """A lease or claim counts while renewed within [-CLOCK_SKEW_SECONDS, LEASE_SECONDS] of now and its holder
-    is not known gone (module docstring: a date further ahead is a broken clock's and never honoured)."""
-    age = (time.time() if now is None else now) - float(record.get("renewed", 0))
-    return -CLOCK_SKEW_SECONDS <= age <= LEASE_SECONDS and not holder_gone(record)
+def _age(record: dict[str, Any], now: float | None) -> float:
+    return (time.time() if now is None else now) - record["renewed"]
 
 
-def blocking_seconds(record: dict[str, Any], now: float | None = None) -> float:
-    """How long a lease or claim still blocks if never renewed again (0: it blocks nothing): until now - renewed
+def lease_live(record: Any, now: float | None = None) -> bool:
+    """A lease counts for writes while renewed within [-CLOCK_SKEW_SECONDS, LEASE_SECONDS] of now and its holder
+    is not known gone (module docstring: a date further ahead is a broken clock's and never honoured); a
+    malformed record never counts."""
+    parsed = parse_record(record)
+    return parsed is not None and -CLOCK_SKEW_SECONDS <= _age(parsed, now) <= LEASE_SECONDS \
+        and not holder_gone(parsed)
+
+
+def election_live(record: Any, now: float | None = None) -> bool:
+    """A lease or claim counts for elections while some clock within CLOCK_SKEW_SECONDS of ours may count it live
+    (renewed within [-2 x CLOCK_SKEW_SECONDS, ELECTION_SECONDS] of now) and its holder is not known gone."""
+    parsed = parse_record(record)
+    return parsed is not None and -2 * CLOCK_SKEW_SECONDS <= _age(parsed, now) <= ELECTION_SECONDS \
+        and not holder_gone(parsed)
+
+
+def claim_removable(record: Any, now: float | None = None) -> bool:
+    """A claim no election can count live any more (`election_live` false): malformed, its holder known gone
+    from this machine, or dead to every clock within CLOCK_SKEW_SECONDS of ours. Why not merely dead to our
+    clock: a machine whose clock is behind ours still honours it, and a claim removed under a rival's read lets
+    that rival win beside the claim's holder."""
+    return not election_live(record, now)
+
+
+def blocking_seconds(record: Any, now: float | None = None) -> float:
+    """How long a lease still blocks writes if never renewed again (0: it blocks nothing): until now - renewed
     passes LEASE_SECONDS, so LEASE_SECONDS + its lead for a record dated ahead of our clock (within the skew)."""
     now = time.time() if now is None else now
-    return max(0.0, LEASE_SECONDS - (now - float(record.get("renewed", 0)))) if lease_live(record, now) else 0.0
+    return max(0.0, LEASE_SECONDS - _age(parse_record(record) or {}, now)) if lease_live(record, now) else 0.0
 
 
-def claim_removable(record: dict[str, Any], now: float | None = None) -> bool:
-    """A claim no election can count live any more: its holder is known gone from this machine, or it is dead
-    to every clock within CLOCK_SKEW_SECONDS of ours (older than LEASE_SECONDS + skew, or dated more than twice
-    the skew ahead). Why not merely dead to our clock: a machine whose clock is behind ours still honours it,
-    and a claim removed under a rival's read lets that rival win beside the claim's holder."""
-    age = (time.time() if now is None else now) - float(record.get("renewed", 0))
-    return age > LEASE_SECONDS + CLOCK_SKEW_SECONDS or age < -2 * CLOCK_SKEW_SECONDS or holder_gone(record)
-
-
-def claim_collection(key: str) -> str | None:
-    """The collection of a claim's registry key (None for other keys); tokens hold no colon."""
-    prefix = f"{LEASE}:claim:"
-    return key[len(prefix):].rsplit(":", 1)[0] if key.startswith(prefix) and key.count(":") >= 3 else None
-
-
-def remove_dead_claims(store: Any, claims: dict[str, dict[str, Any]]) -> list[str]:
-    """Delete those of `claims` (key -> record as read) that are removable; returns their keys. A claim is written
-    once under its own token and never renewed, so the record as read is the record as it is (or it is gone)."""
-    now = time.time()
-    dead = sorted(k for k, v in claims.items() if claim_collection(k) is not None and claim_removable(v, now))
-    store.registry_delete(dead)
-    return dead
-
-
-def record_timing(record: dict[str, Any], now: float | None = None) -> tuple[int, int]:
-    """A lease's or claim's (age, wait): seconds since its last renewal by our clock (negative: dated ahead of
-    it), and seconds it still blocks if never renewed again, rounded up (never quoted shorter than it is)."""
+def election_seconds(record: Any, now: float | None = None) -> float:
+    """How long a lease or claim still blocks reindexes if never renewed again: until ELECTION_SECONDS old."""
     now = time.time() if now is None else now
-    return int(now - float(record.get("renewed", 0))), int(-(-blocking_seconds(record, now) // 1))
+    return max(0.0, ELECTION_SECONDS - _age(parse_record(record) or {}, now)) if election_live(record, now) else 0.0
+
+
+def _ceil(seconds: float) -> int:
+    return int(-(-seconds // 1))
+
+
+def record_timing(record: Any, now: float | None = None, *, election: bool = False) -> tuple[int, int]:
+    """A lease's or claim's (age, wait): seconds since its last renewal by our clock (negative: dated ahead of
+    it), and seconds it still blocks writes (`election`: reindexes) if never renewed again, rounded up (never
+    quoted shorter than it is) but never past the longest it can block (call it with `now` read after the
+    record: a record renewed after `now` was read quoted 121 s)."""
+    now = time.time() if now is None else now
+    parsed = parse_record(record)
+    if parsed is None:
+        return 0, 0
+    age = now - parsed["renewed"]
+    longest = (ELECTION_SECONDS if election else LEASE_SECONDS) + max(0, -int(age))  # the lead as shown
+    wait = election_seconds(parsed, now) if election else blocking_seconds(parsed, now)
+    return int(age), min(_ceil(wait), int(longest))
 
 
 def age_words(age: int) -> str:
@@ -160,9 +306,16 @@ def intent_stale(record: dict[str, Any], min_age: float, now: float | None = Non
     return min_age <= 0 or age >= min_age or age < -CLOCK_SKEW_SECONDS or holder_gone(record)
 
 
+def _lease_record(store: Any, collection: str) -> dict[str, Any] | None:
+    """The lease of `collection` as stored, parsed (None: none, or malformed)."""
+    found = read_lease_records(store, keys=[lease_key(collection)]).get(lease_key(collection))
+    return found.record if found is not None else None
+
+
 def reindex_lease(store: Any, collection: str) -> dict[str, Any] | None:
-    """The live reindex lease of `collection` (None when there is none, or it is dead or absurdly dated)."""
-    lease = store.registry_get([lease_key(collection)]).get(lease_key(collection))
+    """The reindex lease of `collection` live for writes (None when there is none, or it is dead, absurdly
+    dated or malformed)."""
+    lease = _lease_record(store, collection)
     return lease if lease is not None and lease_live(lease) else None
 
 
@@ -182,7 +335,7 @@ def check_no_reindex(store: Any, collection: str) -> None:
     lease = reindex_lease(store, collection)
     if lease is None or not _elsewhere(lease):
         return
-    started = time.strftime("%H:%M:%S", time.localtime(float(lease.get("started", 0))))
+    started = time.strftime("%H:%M:%S", time.localtime(lease["started"]))
     _, wait = record_timing(lease)
     raise StoreUnavailableError(
         f"Collection {collection!r} is being reindexed (since {started}, by process {lease.get('pid')} on "
@@ -192,12 +345,24 @@ def check_no_reindex(store: Any, collection: str) -> None:
                  f"{wait} s unless it renews its lease).", retry_after_seconds=wait)
 
 
+def _retry_after(record: dict[str, Any], now: float, *, claim: bool) -> int:
+    """Seconds until a retry of a refused reindex can succeed: a claim younger than MID_ELECTION_SECONDS whose
+    holder is alive on this machine wins or withdraws within about the settle (quoting 120 s sent callers away
+    for nothing); otherwise until the record stops counting for elections."""
+    age = now - record["renewed"]
+    if claim and 0 <= age < MID_ELECTION_SECONDS and _here(record) and _valid_pid(record.get("pid")) \
+            and not holder_gone(record):
+        return max(1, _ceil(MID_ELECTION_SECONDS - age))
+    return record_timing(record, now, election=True)[1]
+
+
 def _already_reindexed(collection: str, others: list[dict[str, Any]], *, claim: bool) -> StoreUnavailableError:
     """The refusal of a reindex: another holds the lease, or claims it (`claim`); it says when a retry can
     succeed: at once when the other withdraws, else when the longest-blocking of `others` runs out."""
-    other = max(others, key=blocking_seconds)
-    age, wait = record_timing(other)
-    who, when = f"process {other.get('pid')} on {other.get('host')}", age_words(age)
+    now = time.time()
+    other = max(others, key=lambda r: _retry_after(r, now, claim=claim))
+    wait = _retry_after(other, now, claim=claim)
+    who, when = f"process {other.get('pid')} on {other.get('host')}", age_words(int(now - other["renewed"]))
     if claim:
         return StoreUnavailableError(
             f"Collection {collection!r} is already being reindexed: {who} claimed its lease ({when})",
@@ -207,8 +372,16 @@ def _already_reindexed(collection: str, others: list[dict[str, Any]], *, claim: 
             retry_after_seconds=wait)
     return StoreUnavailableError(
         f"Collection {collection!r} is already being reindexed by {who} (lease renewed {when})",
-        guidance=f"Wait for that reindex to finish; one reindex at a time. If it died, its lease blocks for {wait} "
-                 "s more; a retry then succeeds.", retry_after_seconds=wait)
+        guidance=f"Wait for that reindex to finish; one reindex at a time. If it died, its lease blocks other "
+                 f"reindexes for {wait} s more; a retry then succeeds.", retry_after_seconds=wait)
+
+
+def _lost_lease(collection: str) -> StoreUnavailableError:
+    return StoreUnavailableError(
+        f"The reindex of {collection!r} lost its lease: it went unrenewed past {int(LEASE_SECONDS)} s (paused or "
+        "stalled) and the collection changed meanwhile; nothing was swapped in by this reindex",
+        guidance=f"Run `research-agent doctor`, then `research-agent kb reindex --collection {collection}` again "
+                 "if its model still differs.")
 
 
 class ReindexLease:
@@ -224,12 +397,31 @@ class ReindexLease:
 
     def __enter__(self) -> ReindexLease:
         self._take()
-        self.drain()
+        try:
+            self.drain()
+        except BaseException:  # won, but the body never runs: the lease would block everyone for 120 s
+            self._leave(quiet=True)
+            raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        current = self.store.registry_get([self.key]).get(self.key)
-        self.store.registry_delete([self.claim, *([self.key] if self._ours(current) else [])])
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        current = self._leave(quiet=exc is not None)
+        if exc is not None and not isinstance(exc, ResearchAgentError) and isinstance(exc, Exception) \
+                and current is not None and not self._ours(current.record):
+            raise _lost_lease(self.collection) from exc
+
+    def _leave(self, *, quiet: bool) -> LeaseRecord | None:
+        """Withdraw our claim and delete the lease while it holds our token; returns the lease as read (None:
+        none). `quiet`: a failure here is logged, never raised over the error that got us here."""
+        try:
+            current = read_lease_records(self.store, keys=[self.key]).get(self.key)
+            self.store.registry_delete([self.claim, *([self.key] if current and self._ours(current.record) else [])])
+            return current or LeaseRecord(self.key, LEASE, self.collection, None)
+        except Exception:
+            if not quiet:
+                raise
+            log.warning("reindex of %s: could not withdraw its lease records", self.collection, exc_info=True)
+            return None
 
     def _ours(self, lease: dict[str, Any] | None) -> bool:
         return lease is not None and lease.get("token") == self.token
@@ -238,49 +430,70 @@ class ReindexLease:
         return {"started": self.started, "renewed": self.renewed, "token": self.token, **holder()}
 
     def _take(self) -> None:
-        """Claim, settle, read back: raises the coded error (our claim withdrawn) when another reindex wins."""
-        other = reindex_lease(self.store, self.collection)
-        if other is not None:
-            raise _already_reindexed(self.collection, [other], claim=False)
-        self.renewed = time.time()
-        self.store.registry_put({self.claim: self._record()}, LEASE, self.collection)
-        time.sleep(LEASE_SETTLE_SECONDS)
-        claims, lease = self._rivals()
-        if claims or lease:
-            self.store.registry_delete([self.claim])
-            raise _already_reindexed(self.collection, claims or lease, claim=bool(claims))
-        self._put()
+        """Claim, settle, read back: raises the coded error (our claim withdrawn) when another reindex wins. Our
+        claim is withdrawn on every way out (a store error, Ctrl-C); a lease we wrote is released on an error."""
+        try:
+            lease = self._rival_lease()
+            if lease:
+                raise _already_reindexed(self.collection, lease, claim=False)
+            self.renewed = time.time()
+            self.store.registry_put({self.claim: self._record()}, LEASE, self.collection)
+            time.sleep(LEASE_SETTLE_SECONDS)
+            claims, lease = self._rivals()
+            if claims or lease:
+                raise _already_reindexed(self.collection, claims or lease, claim=bool(claims))
+            self._put()
+        except BaseException:
+            self._leave(quiet=True)
+            raise
         self.store.registry_delete([self.claim])  # only now: a rival reads claims first, then the lease
 
+    def _rival_lease(self) -> list[dict[str, Any]]:
+        """The lease of another reindex (not ours, not this process's) that counts for elections."""
+        lease = _lease_record(self.store, self.collection)
+        rival = lease is not None and election_live(lease) and not self._ours(lease) and not _ours_by_process(lease)
+        return [lease] if rival and lease is not None else []
+
     def _rivals(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Other reindexes' live claims, and a live lease with another token (both empty: we won). Claims no
-        election can count live any more are removed on the way (`claim_removable`).
+        """Other reindexes' claims and another's lease that count for elections (both empty: we won). Removable
+        claims (malformed, or no election can count them live) are removed on the way.
 
         Why any claim loses, not the earliest: claim times come from different clocks. Each reindex writes its
         claim before reading, so if two both read nothing of the other, each claim came after the other's read:
         impossible. Two claims within the settle both lose (run it again). Claims are read before the lease: the
         winner deletes its claim only after writing the lease, so a rival sees one or the other."""
-        found = {k: v for k, v in self.store.registry_find(LEASE, self.collection).items()
-                 if k.startswith(_claim_prefix(self.collection)) and k != self.claim}
+        found = {k: r for k, r in read_lease_records(self.store, self.collection).items()
+                 if r.kind == CLAIM and k != self.claim}
         removed = remove_dead_claims(self.store, found)
+        # This process's own claims under other tokens are leftovers of its earlier elections whose withdrawal
+        # failed (the server was down): removed once older than any election of ours still under way.
+        now = time.time()
+        leftovers = sorted(k for k, r in found.items() if k not in removed and r.record is not None
+                           and _ours_by_process(r.record) and now - r.record["renewed"] > MID_ELECTION_SECONDS)
+        self.store.registry_delete(leftovers)
+        removed += leftovers
         if removed:
-            log.info("reindex of %s: removed %d dead claims", self.collection, len(removed))
-        claims = [v for k, v in found.items() if k not in removed and lease_live(v)]
-        lease = reindex_lease(self.store, self.collection)
-        return claims, [lease] if lease is not None and not self._ours(lease) else []
+            log.info("reindex of %s: removed %d dead or malformed claims", self.collection, len(removed))
+        claims = [r.record for k, r in found.items() if k not in removed and r.record is not None
+                  and not _ours_by_process(r.record) and election_live(r.record)]
+        return claims, self._rival_lease()
 
     def _put(self) -> None:
         self.renewed = time.time()
         self.store.registry_put({self.key: self._record()}, LEASE, self.collection)
 
     def renew(self) -> None:
-        """Every LEASE_RENEW_SECONDS: renewed, unless another reindex holds the lease now (this one went
-        unrenewed past LEASE_SECONDS): then the coded error, before this copy is swapped in over theirs."""
+        """Every LEASE_RENEW_SECONDS: renewed, unless another reindex holds the lease now, or held it and ended
+        (this one went unrenewed past the election window, paused or stalled: the lease is gone or another's):
+        then the coded error, before this copy is swapped in over theirs. Only the holder deletes its lease, so
+        ours missing means it was taken over."""
         if time.time() - self.renewed < LEASE_RENEW_SECONDS:
             return
-        current = reindex_lease(self.store, self.collection)
-        if current is not None and not self._ours(current):
+        current = _lease_record(self.store, self.collection)
+        if current is not None and not self._ours(current) and lease_live(current):
             raise _already_reindexed(self.collection, [current], claim=False)
+        if not self._ours(current):  # gone, or another's dead one: another reindex took it over and ended
+            raise _lost_lease(self.collection)
         self._put()
 
     def drain(self) -> bool:
@@ -302,7 +515,31 @@ class ReindexLease:
         return False
 
 
-__all__ = ["CLOCK_SKEW_SECONDS", "LEASE", "LEASE_RENEW_SECONDS", "LEASE_SECONDS", "ReindexLease", "age_words",
-           "blocking_seconds", "check_no_reindex", "claim_collection", "claim_removable", "holder", "holder_gone",
-           "intent_stale", "lease_key", "lease_live", "record_timing", "reindex_lease", "reindexed_elsewhere",
-           "remove_dead_claims"]
+def remove_dead_claims(store: Any, claims: dict[str, LeaseRecord]) -> list[str]:
+    """Delete those of `claims` (key -> record as read) that are malformed or removable; returns their keys. A
+    claim is written once under its own token and never renewed, so the record as read is the record as it is
+    (or it is gone)."""
+    now = time.time()
+    dead = sorted(k for k, r in claims.items() if r.kind == CLAIM and (r.record is None
+                                                                       or claim_removable(r.record, now)))
+    store.registry_delete(dead)
+    return dead
+
+
+def remove_malformed_lease(store: Any, key: str) -> bool:
+    """Delete the lease record `key` if, read again now, it is still malformed (a holder's valid renewal replaces
+    a malformed record under the same key and must not be deleted); True when deleted. Left open: a valid lease
+    written between this read and the delete (milliseconds); its holder writes it again at its next renewal
+    (LEASE_RENEW_SECONDS) and its catch-up copies what writers wrote meanwhile."""
+    found = read_lease_records(store, keys=[key]).get(key)
+    if found is None or found.record is not None:
+        return False
+    store.registry_delete([key])
+    return True
+
+
+__all__ = ["CLAIM", "CLOCK_SKEW_SECONDS", "ELECTION_SECONDS", "LEASE", "LEASE_RENEW_SECONDS", "LEASE_SECONDS",
+           "LeaseRecord", "ReindexLease", "age_words", "blocking_seconds", "check_no_reindex", "claim_removable",
+           "election_live", "election_seconds", "holder", "holder_gone", "intent_stale", "lease_key", "lease_live",
+           "parse_record", "read_lease_records", "record_timing", "reindex_lease", "reindexed_elsewhere",
+           "remove_dead_claims", "remove_malformed_lease"]

@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from research_agent.errors import StoreUnavailableError
 from research_agent.storage.leases import check_no_reindex, holder, intent_stale
 from research_agent.storage.registry import DOCUMENT, INTENT, document_key, intent_key, version_ids
 
@@ -62,7 +61,7 @@ def hold_off_for_reindex(store: Store, collection: str, intent: str, steps: Step
         return  # embedded: the store's file write lock already keeps a reindex and writers apart
     try:
         check_no_reindex(store, collection)
-    except StoreUnavailableError:
+    except BaseException:  # any failure of the check (a refusal, a store error, Ctrl-C): the intent goes too
         steps.clear_intent(store, intent)
         raise
 
