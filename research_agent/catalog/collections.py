@@ -195,6 +195,8 @@ def delete_collection(c: Container, name: str) -> Deleted:
     """
     validate_name(name)  # before the records' where-clause, which Chroma rejects for a lone surrogate
     c.store.refresh()
+    if not c.store.exists:  # no store, no collection: not found before the write lock, which would create the store
+        c.store.get_collection(name)  # (projects.require_project_before_write says why)
     with c.store.write_lock():
         if c.store.has_collection(name):
             info = _info(c, c.store.get_collection(name), _project_links(c))

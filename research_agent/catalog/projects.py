@@ -43,6 +43,18 @@ def require_project(c: Container, name: str) -> dict[str, Any]:
     return rec
 
 
+def require_project_before_write(c: Container, name: str) -> None:
+    """Before the write lock of a write to an existing project: on a store not created yet, its not-found error.
+
+    Trigger: `projects link typo --collections c` on a moved store answered "not found" but the write lock had
+    made an empty store at the path, and `mv store.mv store` then nested the real store in it (finding F1 of the
+    H2b attack pass). Rule: a write that changes nothing creates nothing; a missing store has no projects and no
+    collections, so a write whose target must exist answers before any lock. The check under the lock stays (the
+    store may be created meanwhile)."""
+    if not c.store.exists:
+        require_project(c, name)
+
+
 def _save(c: Container, rec: dict[str, Any]) -> ProjectInfo:
     c.store.registry_put({project_key(rec["name"]): rec}, "project")
     return ProjectInfo(**rec)
@@ -84,6 +96,7 @@ def delete_project(c: Container, name: str) -> Deleted:
 
 
 def link_collections(c: Container, name: str, collections: list[str]) -> ProjectInfo:
+    require_project_before_write(c, name)
     with c.store.write_lock():
         rec = require_project(c, name)
         rec["collections"] = list(dict.fromkeys(rec["collections"] + _require_collections(c, collections)))
@@ -91,6 +104,7 @@ def link_collections(c: Container, name: str, collections: list[str]) -> Project
 
 
 def unlink_collections(c: Container, name: str, collections: list[str]) -> ProjectInfo:
+    require_project_before_write(c, name)
     with c.store.write_lock():
         rec = require_project(c, name)
         not_linked = [n for n in collections if n not in rec["collections"]]
@@ -103,6 +117,7 @@ def unlink_collections(c: Container, name: str, collections: list[str]) -> Proje
 
 def set_default_collections(c: Container, name: str, collections: list[str]) -> ProjectInfo:
     """Set the collections a `--project` query searches; they are linked first if they are not."""
+    require_project_before_write(c, name)
     with c.store.write_lock():
         rec = require_project(c, name)
         wanted = _require_collections(c, collections)

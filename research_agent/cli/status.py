@@ -17,7 +17,9 @@ def status(ctx: typer.Context,
     state = get_state(ctx)
     render.emit(state, state.read(get_status, check_reranker=check_reranker), render.status_report)
     store = state.container().store
-    if not state.json and not store.exists:  # a read never creates the store (a mistyped --store stays visible)
-        render.stderr().print(f"note: the store {store.location} does not exist yet; the first write (e.g. "
-                              "`research-agent collections create NAME`) creates it there.", markup=False,
-                              highlight=False)
+    if not state.json and not state.quiet and not store.exists:  # reads never create it: a mistyped --store shows
+        where = store.location
+        said = (f"the folder {where} holds no store yet" if store.settings.store.is_dir()
+                else f"the store {where} does not exist yet")
+        render.stderr().print(f"note: {said}; the first write (e.g. `research-agent collections create NAME`) "
+                              "creates it there.", markup=False, highlight=False)

@@ -48,6 +48,14 @@ REST_FACTOR = 1.0
 WARM_ID = "research-agent-freshness-warm-up"
 
 
+def _said(exc: Exception) -> str:
+    """A failure in words: an OSError names its file ("[Errno 21] Is a directory" named none: finding F6 of the H2b
+    attack pass)."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"cannot read {exc.filename} ({exc.strerror or exc})"
+    return str(exc)
+
+
 class FreshnessWatcher:
     """Reopens the store's client and warms what this process queried, as soon as another process commits."""
 
@@ -82,9 +90,10 @@ class FreshnessWatcher:
                     self._stop.wait(REST_FACTOR * (time.monotonic() - started))
                 self.error = None
             except Exception as exc:  # a store removed or unreadable: the next query reports it; keep watching
-                if str(exc) != self.error:  # once per distinct failure, not four times a second
-                    log.warning("store freshness watcher: %s", exc)
-                self.error = str(exc)
+                said = _said(exc)
+                if said != self.error:  # once per distinct failure, not four times a second
+                    log.warning("store freshness watcher: %s", said)
+                self.error = said
 
     def check(self) -> bool:
         """One look: reopen and warm if another process committed; True when it warmed."""

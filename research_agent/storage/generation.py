@@ -17,10 +17,12 @@ The small files of the store are read and written here without following symlink
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import os
 import re
+import stat
 import threading
 import uuid
 from contextlib import contextmanager
@@ -47,9 +49,16 @@ _STORE_ID_RE = re.compile(r"[0-9a-f]{32}")
 
 def read_small(path: Path) -> str:
     """The text of one of the store's small files: never through a symlink (OSError ELOOP), never blocking on a
-    FIFO put there, at most SMALL_FILE_LIMIT bytes. FileNotFoundError when it is missing."""
+    FIFO put there, at most SMALL_FILE_LIMIT bytes. FileNotFoundError when it is missing; an OSError naming the
+    file when it is a directory ("Is a directory") or anything else that is not a regular file (a FIFO read as
+    empty, finding F6 of the H2b attack pass)."""
     fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
     try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         return os.read(fd, SMALL_FILE_LIMIT).decode("utf-8", "replace")
     finally:
         os.close(fd)
@@ -110,6 +119,7 @@ class GenerationMixin:
     _warmer: int | None
     reopens: int
     _connect: Any
+    _store_present: Any
     store_error: Any
 
     def refresh(self) -> None:
@@ -155,7 +165,7 @@ class GenerationMixin:
         if self.settings.server_mode or self._client is None:
             return False
         if self._absent:
-            return os.path.lexists(self.settings.store)  # created since: the next session opens it
+            return self._store_present()  # created since: the next session opens it
         try:
             now = read_small(self._generation_path)
         except FileNotFoundError as exc:
@@ -209,7 +219,7 @@ class GenerationMixin:
             # and for a read that entered no read gate (there was no folder to hold one in), which reads as the
             # store was when it began; a gated read or a write opens the store another process created since.
             gated = getattr(self._local, "gated", False) or getattr(self._local, "writing", 0)
-            return not gated or not os.path.lexists(self.settings.store)
+            return not gated or not self._store_present()
         if self._store_identity() != self._identity:
             self._check_same_store()
             return False

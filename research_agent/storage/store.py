@@ -19,11 +19,12 @@ import logging
 import os
 import re
 import threading
+import uuid
 from typing import Any
 
 from research_agent.config import Settings
 from research_agent.errors import CollectionError, ConfigError, StoreUnavailableError
-from research_agent.storage.generation import GenerationMixin
+from research_agent.storage.generation import STORE_ID_FILE, GenerationMixin, create_small
 from research_agent.storage.lock_primitives import ReadGate, SharedExclusiveLock
 from research_agent.storage.locks import LockingMixin
 from research_agent.storage.registry import RESERVED_PREFIX, RegistryMixin
@@ -130,6 +131,10 @@ def unreachable(location: str, exc: BaseException, seconds: float | None = None)
         guidance="Start it with `chroma run --path DIR --host HOST --port PORT` (or fix --chroma-host/--chroma-port) "
         "and run the command again: interrupted writes are finished or undone on the next run.",
     )
+
+
+#: What makes a folder a store (`Store._store_present`): Chroma's database, or the id a write gives a new store first.
+STORE_FILES = ("chroma.sqlite3", STORE_ID_FILE)
 
 
 class NoStoreYet:
@@ -239,9 +244,23 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
 
     @property
     def exists(self) -> bool:
-        """False for an embedded store with nothing at its path yet (reads answer as an empty store; the first
-        write creates the folder). Never connects."""
-        return self.settings.server_mode or os.path.lexists(self.settings.store)
+        """False for an embedded store with no store at its path yet: nothing there, or a folder holding no store
+        (reads answer as an empty store; the first write creates it). Never connects."""
+        return self.settings.server_mode or self._store_present()
+
+    def _store_present(self) -> bool:
+        """Whether something a read must open is at the store's path: a folder holding a store (its
+        `chroma.sqlite3` or `.store-id`), or anything that is not a folder (a file, a link to nothing: an error).
+
+        Trigger: `--store ~/myproject` (or `--store ''`, the working folder) on a read wrote chroma.sqlite3, .store-id
+        and the read locks into a folder that held no store (finding F2 of the H2b attack pass). Outcome: such a
+        folder reads as no store yet, and a write makes the store there (`_make_store_dir` claims it)."""
+        store = self.settings.store
+        if not os.path.lexists(store):
+            return False
+        if not store.is_dir():
+            return True
+        return any(os.path.lexists(store / name) for name in STORE_FILES)
 
     @property
     def connected(self) -> bool:
@@ -305,12 +324,29 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         block moving the real one back (the path is taken). Outcome: StoreUnavailableError naming the path until
         the folder is back; the process then reads it again without a restart.
         """
-        if self._opened and not self.settings.store.is_dir():
+        store = self.settings.store
+        if self._opened and not store.is_dir():
             raise self._store_gone()
+        if os.path.lexists(store) and not store.is_dir():
+            raise self._not_a_folder()
         try:
-            self.settings.store.mkdir(parents=True, exist_ok=True)
+            store.mkdir(parents=True, exist_ok=True)
+            if not self._opened and not self._store_present():  # a new or empty folder: this write claims it
+                create_small(store / STORE_ID_FILE, uuid.uuid4().hex)  # (readers now open it: `_store_present`)
         except OSError as exc:
             raise self._unopenable(exc) from None
+
+    def _not_a_folder(self) -> ConfigError:
+        """A store path that is a file or a link to nothing, said so (finding F5 of the H2b attack pass: "Cannot
+        open the store at X: File exists")."""
+        store = self.settings.store
+        if store.is_symlink() and not store.exists():
+            cause = f"it is a symbolic link to a missing {os.path.join(store.parent, os.readlink(store))}"
+            fix = "Put the store back where the link points, or pass --store the store folder itself."
+        else:
+            cause = "it is a file, not a folder"
+            fix = "Pass --store a folder (a new one is created by the first write), not a file."
+        return ConfigError(f"Cannot open the store at {store}: {cause}", guidance=fix, store=str(store))
 
     def _create_now(self) -> Any:
         """Create the store folder and open the real client in place of a NoStoreYet (outside the write lock,
@@ -331,10 +367,10 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         writes create it (`_make_store_dir`); a folder this process opened that has gone is still an error.
         """
         store = self.settings.store
-        if self._opened or os.path.lexists(store):
+        if self._opened or self._store_present():
             self._make_store_dir()  # a store folder gone since this process opened it, or a file at the path: coded
             return True
-        found = store.parent  # the nearest part of the path that exists: a file there means no store can ever be
+        found = store  # the nearest part of the path that exists: a file there means no store can ever be
         while not os.path.lexists(found) and found != found.parent:
             found = found.parent
         if not found.is_dir():
@@ -357,17 +393,36 @@ class Store(GenerationMixin, LockingMixin, SwapMixin, RegistryMixin):
         """The coded error for an OSError on the store's own files (lock files, `.generation`)."""
         if not self.settings.store.is_dir():
             return self._store_gone()
+        if self._read_only(exc):
+            return ConfigError(f"Cannot open the store at {self.settings.store}: read-only file system",
+                               guidance="Pass a writable --store PATH.", store=str(self.settings.store))
         if exc.errno == errno.ELOOP:
             return self._linked(exc)
         if exc.filename is not None and os.path.dirname(os.fspath(exc.filename)) == os.fspath(self.settings.store):
             return self._bad_small_file(exc)
         return self._unopenable(exc)
 
+    def _read_only(self, exc: OSError) -> bool:
+        """Whether `exc` comes from a store on a read-only file system: EROFS, or a lock file that is not there
+        and cannot be made there (finding F4 of the H2b attack pass: that said to make the lock file writable)."""
+        if exc.errno == errno.EROFS:
+            return True
+        if exc.errno not in (errno.ENOENT, errno.EACCES, errno.EPERM):
+            return False
+        try:
+            return bool(os.statvfs(self.settings.store).f_flag & os.ST_RDONLY)
+        except (OSError, AttributeError):
+            return False
+
     def _bad_small_file(self, exc: OSError) -> ConfigError:
         """One of the store's lock files cannot be opened: named, with what to do (finding 1 of the eighth attack
         pass: a directory at `.read.lock` said only "Cannot open the store")."""
         path = os.fspath(exc.filename)
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        if not os.path.lexists(path):  # cannot be created there: the folder is not writable by this user
+            return ConfigError(f"Cannot open the store at {self.settings.store}: cannot create {path} "
+                               f"({exc.strerror or exc})", guidance=f"Make {self.settings.store} writable by this "
+                               "user, or pass a writable --store PATH.", store=str(self.settings.store))
+        if exc.errno in (errno.EACCES, errno.EPERM):
             fix = f"Make {path} readable and writable by this user, or remove it (research-agent re-creates it)."
         else:  # a directory, a socket or a device where a lock file belongs
             fix = f"Remove {path} (research-agent re-creates it as a file), then run the command again."
