@@ -57,7 +57,7 @@ from typing import Any
 
 from research_agent.errors import ResearchAgentError, StoreUnavailableError
 from research_agent.storage import chunks
-from research_agent.storage.registry import INTENT
+from research_agent.storage.registry import INTENT, parse_intent
 
 log = logging.getLogger(__name__)
 
@@ -299,11 +299,42 @@ def age_words(age: int) -> str:
     return f"{age} s ago" if age >= 0 else f"at a time {-age} s ahead of this clock"
 
 
-def intent_stale(record: dict[str, Any], min_age: float, now: float | None = None) -> bool:
+def intent_stale(record: Any, min_age: float, now: float | None = None) -> bool:
     """A dead writer's intent: at least `min_age` old (0: every intent, the embedded rule), its writer known gone
-    from this machine, or dated more than CLOCK_SKEW_SECONDS ahead (it would otherwise never turn old)."""
-    age = (time.time() if now is None else now) - float(record.get("created", 0))
-    return min_age <= 0 or age >= min_age or age < -CLOCK_SKEW_SECONDS or holder_gone(record)
+    from this machine, dated more than CLOCK_SKEW_SECONDS ahead (it would otherwise never turn old), or naming
+    its writer or date malformed (`parse_intent`: no live writer writes one; one malformed in what recovery needs
+    is stale too, but recovery only removes it, `stale_intents`). Never raises."""
+    parsed = parse_intent(record)
+    if parsed is None or "malformed" in parsed:
+        return True
+    age = (time.time() if now is None else now) - float(parsed.get("created", 0))
+    return min_age <= 0 or age >= min_age or age < -CLOCK_SKEW_SECONDS or holder_gone(parsed)
+
+
+def stale_intents(store: Any, collection: str, min_age: float) -> dict[str, dict[str, Any]]:
+    """{key: intent} of the dead writers' intents of `collection` (`intent_stale`), parsed, for recovery to undo;
+    intents it cannot act on are deleted on the way (one scan for both). Call it under the write lock.
+
+    Trigger: recovery (`recover_interrupted`: every write first, and `doctor --repair`). Why a malformed intent
+    (not a JSON object, or versions `parse_intent` refuses) is removed, never undone: undoing deletes the chunks
+    an intent names, and a live document's chunks must never go on a garbled record's word. Outcome: the record
+    goes with a warning naming it; chunks its writer left are orphans that `doctor --repair` removes after its
+    own checks; a reset is logged and the revision bumped, so keyword indexes compare every manifest once (its
+    writer may have flipped manifests before dying, and which is unknown). A live writer never writes such a
+    record and an intent's key is never reused, so nothing live is removed."""
+    where = {"$and": [{"record": INTENT}, {"collection": collection}]}
+    prefix = f"{INTENT}:{collection}:"  # a record under another key (a manifest with garbled metadata) is no intent
+    found = chunks.rescanning(lambda: {str(rid): parse_intent(doc) for rid, doc in
+                                       chunks.records(store.meta, ["documents"], where=where)
+                                       if str(rid).startswith(prefix)})
+    bad = sorted(k for k, v in found.items() if v is None)
+    if bad:
+        store.registry_delete(bad)
+        store.bump_revision(collection)
+        log.warning("removed %d malformed write intents of %s without undoing them (%s); `research-agent doctor "
+                    "--repair` removes chunks they left", len(bad), collection,
+                    ", ".join(repr(k) for k in bad[:5]) + (", ..." if len(bad) > 5 else ""))
+    return {k: v for k, v in found.items() if v is not None and intent_stale(v, min_age)}
 
 
 def _lease_record(store: Any, collection: str) -> dict[str, Any] | None:
@@ -542,4 +573,4 @@ __all__ = ["CLAIM", "CLOCK_SKEW_SECONDS", "ELECTION_SECONDS", "LEASE", "LEASE_RE
            "LeaseRecord", "ReindexLease", "age_words", "blocking_seconds", "check_no_reindex", "claim_removable",
            "election_live", "election_seconds", "holder", "holder_gone", "intent_stale", "lease_key", "lease_live",
            "parse_record", "read_lease_records", "record_timing", "reindex_lease", "reindexed_elsewhere",
-           "remove_dead_claims", "remove_malformed_lease"]
+           "remove_dead_claims", "remove_malformed_lease", "stale_intents"]

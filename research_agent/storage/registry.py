@@ -7,17 +7,27 @@ built here, by one function per kind: six modules used to spell them out themsel
 
 `RegistryMixin` is the part of `Store` that reads and writes them; it needs the Store's `client` and
 `_connect_lock`, and the Store forgets `_meta` whenever it reopens the client.
+
+Every read decodes through `decode_record`: a record whose document is not a JSON object, an intent whose
+versions recovery cannot act on (`parse_intent`), or a change record without its integer `at` is malformed.
+Reads skip it with one warning naming its key (anyone who can write to a Chroma server can make one; it made
+every command fail) and never delete it: `registry_malformed` lists them, and recovery removes a malformed
+intent of its collection (storage/leases.py `remove_malformed_intents`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import time
 import uuid
 from typing import Any, Iterable
 
 from research_agent.storage import chunks
+
+log = logging.getLogger(__name__)
 
 # Our records' collection. Its name cannot be a user collection name: validate_name refuses the prefix, which
 # reindex working copies and backups share (storage/swaps.py).
@@ -57,6 +67,99 @@ def version_ids(collection: str, versions: Iterable[dict[str, Any]]) -> list[str
     return [
         cid for v in versions for cid in chunk_ids(collection, v["document"], v["content_hash"], int(v["chunk_count"]))
     ]
+
+
+# -- reading records: a malformed one is skipped, never raised on -------------------------------------------
+#: The largest pid, chunk count and date an intent may name (pid_t; a million chunks per document; year 9999),
+#: and the longest host name or pid namespace (the limits storage/leases.py `parse_record` applies to leases).
+PID_MAX = 2**31 - 1
+CHUNKS_MAX = 1_000_000
+DATE_MAX = 253_402_300_799.0
+TEXT_MAX = 255
+
+
+def valid_date(value: Any) -> bool:
+    """A finite number (never a bool) within years 1970-9999."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+        and 0.0 <= value <= DATE_MAX
+
+
+def _version_entry(v: Any) -> bool:
+    """An intent entry `version_ids` can use: document and content hash non-empty strings, a chunk count."""
+    return isinstance(v, dict) and all(isinstance(v.get(f), str) and v[f] for f in ("document", "content_hash")) \
+        and type(v.get("chunk_count")) is int and 0 <= v["chunk_count"] <= CHUNKS_MAX
+
+
+def parse_intent(raw: Any) -> dict[str, Any] | None:
+    """A writer's intent (its stored JSON text, or the object) as recovery may act on it; None: malformed in what
+    recovery needs (not an object; `versions` not a list of entries `_version_entry` accepts): never acted on.
+
+    Its writer's fields are checked as lease records' are (`created` a finite date within years 1970-9999; `pid`
+    an int in 1..PID_MAX, never a bool; `host` a non-empty string, `pidns` one or null, of at most TEXT_MAX
+    characters). Malformed ones are dropped from the intent returned and named under "malformed": such an intent
+    names no trustworthy writer or date, so it is a dead writer's (storage/leases.py `intent_stale`; an intent
+    without `created`, an older version's, always was). Why: `created` null, "x", NaN or a list, or pid 2**70,
+    crashed recovery (so every write of the collection), doctor and the reindex drain."""
+    if isinstance(raw, (str, bytes)):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("versions"), list) \
+            or not all(_version_entry(v) for v in raw["versions"]):
+        return None
+    checks = {"created": valid_date, "pid": lambda p: type(p) is int and 0 < p <= PID_MAX,
+              "host": lambda h: isinstance(h, str) and 0 < len(h) <= TEXT_MAX,
+              "pidns": lambda n: n is None or isinstance(n, str) and 0 < len(n) <= TEXT_MAX}
+    bad = sorted(f for f, ok in checks.items() if f in raw and not ok(raw[f]))
+    if not bad and "malformed" not in raw:
+        return raw
+    # A stored "malformed" field (a forgery, or an intent parsed before) keeps the intent untrusted.
+    return {**{k: v for k, v in raw.items() if k not in bad}, "malformed": bad or raw["malformed"]}
+
+
+def decode_record(key: Any, doc: Any, kind: str | None = None) -> dict[str, Any] | None:
+    """A registry record as readers use it (`kind`: the kind it was found by, if any); None when malformed (module
+    docstring). An intent by its key or by the kind it was found by: a record under another key whose metadata
+    says intent (garbled or forged) must not reach recovery unchecked."""
+    if str(key).startswith(f"{INTENT}:") or kind == INTENT:
+        return parse_intent(doc)
+    try:
+        record = json.loads(doc) if isinstance(doc, (str, bytes)) else None
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    if str(key).startswith(f"{CHANGE}:") and type(record.get("at")) is not int:
+        return None  # sorted by it (changes_since)
+    return record
+
+
+#: Keys already warned about by this process: a malformed record is named once, not by every read.
+_WARNED: set[str] = set()
+
+
+def _warn_malformed(key: str) -> None:
+    if key in _WARNED:
+        return
+    if len(_WARNED) > 10_000:
+        _WARNED.clear()
+    _WARNED.add(key)
+    log.warning("skipped the malformed registry record %r (run `research-agent doctor`)", key)
+
+
+def _decoded(got: Iterable[tuple[Any, Any]], prefix: str = "", kind: str | None = None) -> dict[str, dict[str, Any]]:
+    """{key: record} of (key, document) pairs (found by `kind`), malformed records skipped with one warning each."""
+    out: dict[str, dict[str, Any]] = {}
+    for rid, doc in got:
+        if not str(rid).startswith(prefix):
+            continue
+        record = decode_record(rid, doc, kind)
+        if record is None:
+            _warn_malformed(str(rid))
+        else:
+            out[rid] = record
+    return out
 
 
 def project_key(name: str) -> str:
@@ -104,21 +207,29 @@ class RegistryMixin:
         ids = list(dict.fromkeys(ids))  # Chroma refuses repeated ids
         if not ids:
             return {}
-        return {rid: json.loads(doc) for rid, doc in chunks.records(self.meta, ["documents"], ids=ids)}
+        return _decoded(chunks.records(self.meta, ["documents"], ids=ids))
 
     def registry_find(self, record: str, collection: str | None = None) -> dict[str, dict[str, Any]]:
         where: dict[str, Any] = {"record": record}
         if collection is not None:
             where = {"$and": [where, {"collection": collection}]}
-        return self._scan(where)
+        return self._scan(where, kind=record)
 
-    def _scan(self, where: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:
+    def _scan(self, where: dict[str, Any], prefix: str = "", kind: str | None = None) -> dict[str, dict[str, Any]]:
         """{key: record} of every record matching `where` (and whose key starts with `prefix`), scanned again
         (up to SCAN_TRIES) if the scan lost its place (other processes deleting or re-adding many records
         behind it)."""
-        return chunks.rescanning(lambda: {rid: json.loads(doc) for rid, doc in
-                                          chunks.records(self.meta, ["documents"], where=where)
-                                          if str(rid).startswith(prefix)})
+        return chunks.rescanning(lambda: _decoded(chunks.records(self.meta, ["documents"], where=where), prefix, kind))
+
+    def registry_malformed(self, record: str | None = None, collection: str | None = None) -> list[str]:
+        """The keys of malformed records (of kind `record`, of `collection`; all by default), sorted: what
+        reads skip (`decode_record`). Lists only; nothing here deletes them."""
+        where: dict[str, Any] | None = {"record": record} if record is not None else None
+        if collection is not None:
+            where = {"$and": [where, {"collection": collection}]} if where else {"collection": collection}
+        return chunks.rescanning(lambda: sorted(
+            str(rid) for rid, doc in chunks.records(self.meta, ["documents"], where=where)
+            if decode_record(rid, doc, record) is None))
 
     def registry_put(self, records: dict[str, dict[str, Any]], record: str, collection: str | None = None) -> None:
         if not records:
@@ -241,5 +352,6 @@ def finished(record: dict[str, Any]) -> bool:
 __all__ = [
     "CHANGE", "CHANGE_LOG_SECONDS", "DOCUMENT", "HISTORY", "INTENT", "META_COLLECTION", "PROJECT", "RESERVED_PREFIX",
     "REVISION", "RegistryMixin",
-    "announced", "change_key", "document_key", "finished", "history_key", "intent_key", "project_key", "revision_key",
+    "announced", "change_key", "decode_record", "document_key", "finished", "history_key", "intent_key",
+    "parse_intent", "project_key", "revision_key", "valid_date",
 ]

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from research_agent.storage.leases import check_no_reindex, holder, intent_stale
+from research_agent.storage.leases import check_no_reindex, holder, stale_intents
 from research_agent.storage.registry import DOCUMENT, INTENT, document_key, intent_key, version_ids
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def recover_interrupted(store: Store, collection: str, col: Any, *, min_age: flo
     manifests without bumping the revision, so each recovered intent's documents are logged as a change and
     the revision is bumped: the keyword index re-applies them (idempotent) instead of serving the old text.
     """
-    intents = {k: v for k, v in store.registry_find(INTENT, collection).items() if intent_stale(v, min_age)}
+    intents = stale_intents(store, collection, min_age)  # those it cannot act on: removed (never undone) on the way
     removed = 0
     for key, intent in intents.items():
         versions = intent["versions"]
