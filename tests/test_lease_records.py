@@ -50,6 +50,13 @@ MALFORMED = {
     "null": None,
     "a number": 5,
     "not JSON": "{not json",
+    # a host that drives a terminal or forges a line where doctor and refusals show it (attack pass, round 2)
+    "host newline": {**GOOD, "host": "vm\nstore: healthy"},
+    "host tab": {**GOOD, "host": "vm\tx"},
+    "host escape": {**GOOD, "host": "vm\x1b[2J"},
+    "host line separator": {**GOOD, "host": "vm\u2028x"},
+    "host right-to-left mark": {**GOOD, "host": "vm\u200fx"},
+    "pidns newline": {**GOOD, "pidns": "pid:[1]\nx"},
 }
 
 
@@ -418,3 +425,17 @@ def test_a_reindex_that_lost_its_lease_ends_with_the_coded_error(tmp_path, chrom
         assert isinstance(lost.value.__cause__, chromadb.errors.NotFoundError)
     finally:
         c.close()
+
+
+def test_a_record_of_our_host_and_pid_in_another_pid_namespace_is_another_process():
+    """Attack pass, round 2: the write check compared host and pid only, so a lease of another container with our
+    host name and pid (host networking, small pids) let writes through its reindex; the election, which compares
+    the pid namespace too, refused. Both now agree; an older record without a namespace is ours by host and pid."""
+    from research_agent.storage.leases import _elsewhere, holder
+
+    me = holder()
+    assert me["pidns"], "needs Linux (/proc/self/ns/pid)"
+    assert not _elsewhere(me)
+    assert _elsewhere({**me, "pidns": "pid:[4026599999]"})
+    assert not _elsewhere({k: v for k, v in me.items() if k != "pidns"})
+    assert _elsewhere({**me, "pid": me["pid"] + 1})

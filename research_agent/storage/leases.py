@@ -127,7 +127,10 @@ def _date(value: Any) -> float | None:
 
 
 def _text(value: Any, *, optional: bool) -> bool:
-    return (value is None and optional) or (isinstance(value, str) and 0 < len(value) <= TEXT_MAX)
+    """A short printable string: a host or pid namespace with a newline, tab, escape or format character (U+2028,
+    U+200F) is no machine's name, and it drove the terminal (or forged a line) where doctor or a refusal showed it."""
+    return (value is None and optional) or (isinstance(value, str) and 0 < len(value) <= TEXT_MAX
+                                            and value.isprintable())
 
 
 def parse_record(raw: Any) -> dict[str, Any] | None:
@@ -357,7 +360,12 @@ def reindexed_elsewhere(store: Any, collection: str) -> bool:
 
 
 def _elsewhere(record: dict[str, Any]) -> bool:
-    return (record.get("host"), record.get("pid")) != (socket.gethostname(), os.getpid())
+    """Whether another process holds the record: host, pid namespace and pid, as `_ours_by_process` decides (two
+    containers sharing a host name often share small pids: comparing host and pid let each write through the
+    other's reindex lease). A record of an older version without a pid namespace is ours by host and pid."""
+    if (record.get("host"), record.get("pid")) != (socket.gethostname(), os.getpid()):
+        return True
+    return record.get("pidns") is not None and record.get("pidns") != _pid_namespace()
 
 
 def check_no_reindex(store: Any, collection: str) -> None:
@@ -560,8 +568,9 @@ def remove_dead_claims(store: Any, claims: dict[str, LeaseRecord]) -> list[str]:
 def remove_malformed_lease(store: Any, key: str) -> bool:
     """Delete the lease record `key` if, read again now, it is still malformed (a holder's valid renewal replaces
     a malformed record under the same key and must not be deleted); True when deleted. Left open: a valid lease
-    written between this read and the delete (milliseconds); its holder writes it again at its next renewal
-    (LEASE_RENEW_SECONDS) and its catch-up copies what writers wrote meanwhile."""
+    written between this read and the delete (milliseconds): its holder's next renewal finds it gone and the
+    reindex ends with the coded "lost its lease" error, nothing lost (an attack pass stretched the window to hit
+    it; it needs a malformed lease record, which no version of ours writes)."""
     found = read_lease_records(store, keys=[key]).get(key)
     if found is None or found.record is not None:
         return False

@@ -109,8 +109,8 @@ def parse_intent(raw: Any) -> dict[str, Any] | None:
             or not all(_version_entry(v) for v in raw["versions"]):
         return None
     checks = {"created": valid_date, "pid": lambda p: type(p) is int and 0 < p <= PID_MAX,
-              "host": lambda h: isinstance(h, str) and 0 < len(h) <= TEXT_MAX,
-              "pidns": lambda n: n is None or isinstance(n, str) and 0 < len(n) <= TEXT_MAX}
+              "host": lambda h: isinstance(h, str) and 0 < len(h) <= TEXT_MAX and h.isprintable(),
+              "pidns": lambda n: n is None or isinstance(n, str) and 0 < len(n) <= TEXT_MAX and n.isprintable()}
     bad = sorted(f for f, ok in checks.items() if f in raw and not ok(raw[f]))
     if not bad and "malformed" not in raw:
         return raw
