@@ -168,6 +168,9 @@ def test_garbled_records_are_skipped_and_malformed_intents_never_delete_live_chu
 
         report = run_doctor(c)  # old code: JSONDecodeError
         assert [ch.unfinished_writes for ch in report.collections if ch.collection == "kbase"] == [1]
+        [garbled] = [a for a in report.advice if "no read can use" in a]  # named, never deleted by doctor
+        assert "'document:kbase:docs/zz.txt'" in garbled and not report.healthy
+        assert run_doctor(c, repair=True).advice and c.store.meta.get(ids=["project:garbled"])["ids"]
 
         (docs / "d1.txt").write_text("document d1 second version wordd1x alpha beta\n")
         assert ingest_path(c, docs / "d1.txt", "kbase").updated == 1  # its recovery: old code raised or deleted
@@ -189,8 +192,12 @@ def test_garbled_records_are_skipped_and_malformed_intents_never_delete_live_chu
     for args in (("--json", "projects", "list"), ("--json", "query", "alpha", "--collections", "kbase"),
                  ("--json", "doctor")):
         done = run_cli(tmp_path, *args, fake=False, env=env)
-        assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr[-2000:])
-        json.loads(done.stdout)
+        # doctor exits 1 (not healthy): it names the records no read can use, and leaves them
+        assert done.returncode == (1 if "doctor" in args else 0), (args, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr, (args, done.stderr[-2000:])
+        out = json.loads(done.stdout)
+        if "doctor" in args:
+            assert any("'project:garbled'" in a for a in out["advice"]), out["advice"]
 
 
 def test_recovery_never_deletes_live_chunks_on_a_garbled_intents_word(tmp_path):

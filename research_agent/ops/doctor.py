@@ -375,12 +375,27 @@ def run_doctor(c: Container, repair: bool = False, *, repaired: bool = False) ->
         after = run_doctor(c, repaired=True)
         return after.model_copy(update={"repaired": True, "actions": actions})
     fixable = bool(leftovers) or any(_fixable(ch, repaired) for ch in checks)
-    healthy = not fixable and not reindexes and not claims and not any(ch.unfinished_writes for ch in checks)
+    garbled = _garbled_records(c)
+    healthy = (not fixable and not reindexes and not claims and not garbled
+               and not any(ch.unfinished_writes for ch in checks))
     # The next move goes in the report itself: a script reading --json (or an MCP client) sees no text output.
     return DoctorReport(healthy=healthy, repaired=False, collections=checks, leftovers=leftovers, actions=actions,
                         advice=([REPAIR_ADVICE] if fixable else []) + _advice(checks, repaired)
-                        + [_reindex_advice(r) for r in reindexes] + [_claim_advice(r) for r in claims],
+                        + [_reindex_advice(r) for r in reindexes] + [_claim_advice(r) for r in claims] + garbled,
                         reindexes=reindexes, reindex_claims=claims)
+
+
+def _garbled_records(c: Container) -> list[str]:
+    """Advice on registry records no read can use (not a JSON object: every read skips them with a warning). Never
+    repaired here: a garbled project or manifest may be someone's to restore, so doctor names them (repr: a key is
+    anyone's text) and leaves them; lease records are reported with the leases."""
+    keys = [k for k in c.store.registry_malformed() if not k.startswith("lease:")]
+    if not keys:
+        return []
+    shown = ", ".join(repr(k) for k in keys[:MISSING_EXAMPLES]) + (", ..." if len(keys) > MISSING_EXAMPLES else "")
+    return [f"{len(keys)} registry record{'s' if len(keys) != 1 else ''} that no read can use ({shown}): every "
+            "read skips them; restore them from a backup or delete them by id in Chroma's research-agent-meta "
+            "collection (doctor never deletes them)"]
 
 
 def _fixable(ch: CollectionCheck, repaired: bool) -> bool:
