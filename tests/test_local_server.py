@@ -316,8 +316,9 @@ def test_two_lines_in_one_read_are_both_read():
 
 def test_an_http_server_answers_too_and_removes_its_socket(tmp_path, runtime_dir):
     """A long-lived HTTP server listens as a stdio one does; an unknown collection is the same coded error (exit
-    4) both ways; once the server stopped (SIGTERM) nothing answers on its socket. (Uvicorn re-raises SIGTERM after
-    its shutdown, before the server's lifespan ends, so the file may stay: the next server replaces it.)"""
+    4) both ways; once the server stopped (SIGTERM) nothing answers on its socket and the file is gone (uvicorn
+    re-raises SIGTERM after its shutdown, before the server's lifespan ends: the listener's SIGTERM handler, chained
+    before uvicorn's, removes it)."""
     from research_agent.mcp.local_socket import _answers
     from test_mcp_http import http_server
 
@@ -333,6 +334,7 @@ def test_an_http_server_answers_too_and_removes_its_socket(tmp_path, runtime_dir
         assert served.returncode == local.returncode == 4
         assert _error_line(served.stderr) == _error_line(local.stderr)
     assert not _answers(path)
+    assert not os.path.lexists(path)
 
 
 def test_on_a_bfloat16_cpu_socket_calls_rerank_as_a_cli_process_does(monkeypatch, runtime_dir):

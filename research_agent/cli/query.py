@@ -75,8 +75,11 @@ def query(
     # A long-lived MCP server on this store with these settings has Chroma's index and the models loaded and its
     # store caught up: asked first, over a local socket, before anything heavy is imported here (issues 12, 16).
     served = state.served("query", query=text, **args)
-    if served is not None:
-        render.emit(state, Dumped(served) if state.json else _query_result(served), render.query_result)
+    # The answer comes from a server running this very code (local_server checks the hash of the code), so
+    # `--json` prints it as it is; human output renders this code's QueryResult (None: not one, run here instead).
+    checked = served if served is None or state.json else _query_result(served)
+    if checked is not None:
+        render.emit(state, Dumped(served) if state.json else checked, render.query_result)
         return
     from research_agent.search.service import query_knowledge
 
@@ -91,10 +94,22 @@ def query(
     render.emit(state, result, render.query_result)
 
 
-def _query_result(data: dict[str, Any]) -> Any:
+def _query_result(data: Any) -> Any:
+    """A local server's answer as this code's QueryResult, or None (logged at INFO) when it is not one: a server
+    running other code (the fingerprint's code hash makes that rare) is then passed over, not shown."""
+    import logging
+
+    from pydantic import ValidationError
+
     from research_agent.search.service import QueryResult
 
-    return QueryResult.model_validate(data)
+    try:
+        return QueryResult.model_validate(data)
+    except ValidationError as exc:
+        logging.getLogger("research_agent.local_server").info(
+            "query runs in this process: the local server's answer is not this version's result (%s)",
+            str(exc).splitlines()[0][:200])
+        return None
 
 
 def _context(text: str | None, file: Path | None) -> str | None:

@@ -6,14 +6,22 @@ policy as the query_knowledge_base tool (calls.py: warm-up, concurrency slot, st
 Threads: one daemon thread accepts (polling a stop flag every ACCEPT_POLL s, so the server's exit is not held
 up); each connection gets a daemon thread (at most MAX_CONNECTIONS at once, others are declined) that reads the
 request with a deadline and hands the call to the server's event loop (anyio.from_thread with the loop's token).
-Nothing here writes to stdout; what it logs is INFO or DEBUG.
+While a call runs, a second thread sends an empty line every KEEPALIVE s, so a CLI sees a stopped server within
+IDLE_TIMEOUT (search/local_server.py). Any failure of one connection (a request that breaks json, RecursionError)
+logs one line and closes that connection. The socket is removed at close, at exit (atexit) and on SIGTERM (a
+handler chained before the one that was there, installed when listening starts in the main thread); at start the
+folder's dead sockets (connect refused: their servers were killed) are swept. Nothing here writes to stdout; what it
+logs is INFO or DEBUG, and WARNING once when the socket folder is unsafe (the feature is then off).
 """
 
 from __future__ import annotations
 
+import atexit
+import errno
 import json
 import logging
 import os
+import signal
 import socket
 import stat
 import threading
@@ -56,6 +64,9 @@ def long_lived(state: ServerState) -> bool:
     return _current_transport.get() == "stdio" or state.container.settings.transport == "http"
 
 
+_warned_folder: set[str] = set()
+
+
 def start(state: ServerState, *, force: bool = False) -> LocalListener | None:
     """Listen for local queries when this server is long-lived and the settings allow it; None otherwise."""
     settings = state.container.settings
@@ -88,12 +99,17 @@ class LocalListener:
         self._ctx = SimpleNamespace(lifespan_context={"state": state})  # all a read policy reads of a Context
         self._stop = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        path = wire.socket_path(settings, create=True)
+        path, problem = wire.locate(settings, create=True)
         if path is None:
-            raise _NotListening("no secure socket folder (see the log line above)")
+            if problem not in _warned_folder:  # a squatted folder turns the feature off for good: say it once
+                _warned_folder.add(problem)
+                log.warning("local socket: not listening: %s", problem)
+            raise _NotListening(problem)
         self.path = path
         self.sock = _bind(path)
         self._inode = os.stat(path).st_ino
+        atexit.register(self._unlink)
+        self._sigterm = _chain_sigterm(self._unlink)
         self.thread = threading.Thread(target=self._accept, name="local-socket", daemon=True)
         self.thread.start()
         log.info("local socket: listening on %s", path)
@@ -102,13 +118,25 @@ class LocalListener:
         self._stop.set()
         self.thread.join(timeout=2 * ACCEPT_POLL + 1)
         self.sock.close()
+        self._unlink()
+        atexit.unregister(self._unlink)
+        _unchain_sigterm(self._sigterm)
+
+    def _unlink(self) -> None:
+        """Remove the socket if it is still ours (a later server may have taken the name since)."""
         try:
-            if os.lstat(self.path).st_ino == self._inode:  # a later server may have taken the name since
+            if os.lstat(self.path).st_ino == self._inode:
                 os.unlink(self.path)
         except OSError:
             pass
 
     def _accept(self) -> None:
+        try:
+            swept = sweep(self.path.parent, keep=self.path)
+            if swept:
+                log.info("local socket: removed %d dead socket(s) from %s", swept, self.path.parent)
+        except Exception as exc:  # noqa: BLE001 - a sweep is tidying only
+            log.debug("local socket: sweep failed: %s", exc)
         self.sock.settimeout(ACCEPT_POLL)
         while not self._stop.is_set():
             try:
@@ -144,19 +172,53 @@ class LocalListener:
                 if request is None:
                     wire.send_line(conn, {"declined": reason})
                     return
-                conn.settimeout(None)
+                conn.settimeout(wire.IDLE_TIMEOUT * 4)  # a client that stops reading does not hold a thread
                 wire.send_line(conn, {"accepted": True, "timeout": self.state.call_timeout})
-                wire.send_line(conn, self._answer(request))
+                payload = self._answer_alive(conn, request)
+                if payload is not None:
+                    conn.sendall(payload)
         except OSError as exc:  # the client went away (it runs the query itself)
             log.debug("local socket: connection ended: %s", exc)
+        except BaseException as exc:  # noqa: BLE001 - one connection's failure never reaches the server
+            log.info("local socket: a connection failed and was closed (%s)", type(exc).__name__)
         finally:
             self._slots.release()
+
+    def _answer_alive(self, conn: socket.socket, request: dict[str, Any]) -> bytes | None:
+        """The answer line, computed while another thread sends an empty line every KEEPALIVE s (sends under a
+        lock: a keep-alive never lands inside the answer); None when the client went away meanwhile."""
+        done, lock, gone = threading.Event(), threading.Lock(), threading.Event()
+
+        def keep_alive() -> None:
+            while not done.wait(wire.KEEPALIVE):
+                with lock:
+                    if done.is_set():
+                        return
+                    try:
+                        conn.sendall(b"\n")
+                    except OSError:
+                        gone.set()
+                        return
+
+        beat = threading.Thread(target=keep_alive, name="local-socket-alive", daemon=True)
+        beat.start()
+        try:
+            answer = self._answer(request)
+            try:
+                payload = json.dumps(answer, separators=(",", ":")).encode() + b"\n"
+            except (TypeError, ValueError) as exc:
+                payload = json.dumps({"fallback": f"the answer is not JSON ({exc})"[:300]}).encode() + b"\n"
+        finally:
+            with lock:
+                done.set()
+            beat.join()
+        return None if gone.is_set() else payload
 
     def _check(self, line: bytes) -> tuple[dict[str, Any] | None, str]:
         try:
             request = json.loads(line)
-        except ValueError:
-            return None, "not JSON"
+        except (ValueError, RecursionError):
+            return None, "not JSON (or nested too deep)"
         if not isinstance(request, dict) or request.get("protocol") != wire.PROTOCOL:
             return None, "another protocol version"
         if request.get("fingerprint") != self.fingerprint:
@@ -176,11 +238,16 @@ class LocalListener:
         text = args.pop("query", None)
         call = partial(policy.read, self._ctx, fn, self.container, text, **args)
         try:
-            return {"result": anyio.from_thread.run(call, token=self._token)}
+            # the hash of the code rides with the result: the CLI prints it as it is only when its code is the same
+            return {"result": anyio.from_thread.run(call, token=self._token), "code": wire.code_hash()}
         except ToolFailure as failure:
-            # Only an error the service raised itself, coded, is the answer; an unexpected exception the policy
-            # wrapped (failure.__cause__ is not coded) or a time-out (an MCPError) is rerun by the CLI.
-            if isinstance(failure.error, ResearchAgentError) and isinstance(failure.__cause__, ResearchAgentError):
+            # Only an error about the request the service raised itself is the answer (wire.request_error: an
+            # unknown collection, an empty query). This server's store or settings failing (ConfigError,
+            # StoreUnavailableError: its folder deleted or replaced), anything retryable, an unexpected exception
+            # the policy wrapped (failure.__cause__ is not coded) or a time-out (an MCPError) is rerun by the CLI,
+            # which opens the store afresh.
+            if isinstance(failure.error, ResearchAgentError) and isinstance(failure.__cause__, ResearchAgentError) \
+                    and wire.request_error(failure.error) and wire.request_error(failure.__cause__):
                 return {"error": failure.error.to_dict(), "exit_code": failure.error.exit_code}
             return {"fallback": str(failure)[:500] or "the call failed"}
         except Exception as exc:  # noqa: BLE001 - the CLI reruns the query and reports what it raises
@@ -226,6 +293,76 @@ def _bind(path: Any) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def sweep(folder: Any, keep: Any = None) -> int:
+    """Remove the sockets in `folder` (ours: this user's) whose connect is refused (ECONNREFUSED: their server was
+    killed); never a live one, never anything that is not a socket (a symbolic link, a file). How many went."""
+    removed = 0
+    for entry in os.scandir(folder):
+        path = entry.path
+        if keep is not None and path == str(keep):
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(wire.CONNECT_TIMEOUT)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno == errno.ECONNREFUSED:
+                try:
+                    if os.lstat(path).st_ino == st.st_ino:
+                        os.unlink(path)
+                        removed += 1
+                except OSError:
+                    pass
+        finally:
+            probe.close()
+    return removed
+
+
+def _chain_sigterm(cleanup: Callable[[], None]) -> Any:
+    """On SIGTERM run `cleanup` (remove the socket), then what SIGTERM did before: the handler that was there, or
+    the default (the process ends by the signal, as before). Only from the main thread (signal.signal's rule)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except (ValueError, OSError):
+        return None
+    if previous is None or previous == signal.SIG_IGN:  # not installed from Python, or ignored: left alone
+        return None
+
+    def on_sigterm(signum: int, frame: Any) -> None:  # the local socket's (LocalListener.close restores it)
+        cleanup()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError):
+        return None
+    return on_sigterm, previous
+
+
+def _unchain_sigterm(chained: Any) -> None:
+    """Put back the SIGTERM handler `_chain_sigterm` replaced, if its own is still the one installed."""
+    if chained is None or threading.current_thread() is not threading.main_thread():
+        return
+    ours, previous = chained
+    try:
+        if signal.getsignal(signal.SIGTERM) is ours:
+            signal.signal(signal.SIGTERM, previous)
+    except (ValueError, OSError):
+        pass
 
 
 def _answers(path: Any) -> bool:

@@ -84,9 +84,12 @@ def redundancies(vectors: Sequence[Any], sections: Sequence[Any]) -> Any:
     vector (a chunk the store no longer has) counts as a copy of its section's other chunks."""
     import numpy as np
 
+    n = len(vectors)
+    if n == 0:  # no candidates (a keyword query no chunk matches): an empty array would be float, not bool
+        return np.zeros((0, 0))
     same = np.array([[a == b for b in sections] for a in sections], dtype="float64")
-    missing = np.array([v is None for v in vectors])
-    sims = np.where(missing[:, None] | missing[None, :], 1.0, _cosines(vectors, len(vectors)))
+    missing = np.array([v is None for v in vectors], dtype=bool)
+    sims = np.where(missing[:, None] | missing[None, :], 1.0, _cosines(vectors, n))
     return same * ((sims - NEAR_COPY_COSINE) / (1.0 - NEAR_COPY_COSINE)).clip(0.0, 1.0)
 
 

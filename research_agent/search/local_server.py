@@ -6,9 +6,10 @@ This module is the protocol and the CLI's side of it, on the standard library on
 answers before it imports chromadb, numpy or torch. The server's side is research_agent/mcp/local_socket.py.
 
 Who may answer: only a server whose fingerprint (`fingerprint`: the resolved store, every setting but the
-transport/log/limit ones in IGNORED_SETTINGS, the package version) equals the CLI's. The fingerprint names the
-socket (`socket_path`), so a server with other settings never sees the request; the server compares the whole
-fingerprint again and declines a mismatch. Never with a Chroma server (chroma_host): those queries stay in-process.
+transport/log/limit ones in IGNORED_SETTINGS, the package version, and `code_hash` of the package's .py files, so a
+server running other code never answers) equals the CLI's. The fingerprint names the socket (`socket_path`), so a
+server with other settings never sees the request; the server compares the whole fingerprint again and declines a
+mismatch. Never with a Chroma server (chroma_host): those queries stay in-process.
 
 Where: `$XDG_RUNTIME_DIR/research-agent/<fingerprint>.sock`, else `/tmp/research-agent-<uid>/...`; the folder is
 the user's own, 0700, not a symbolic link (checked with lstat on both sides: anything else, no socket), the socket
@@ -18,16 +19,23 @@ the user's own, 0700, not a symbolic link (checked with lstat on both sides: any
 
 Wire: one connection per request. The CLI sends one JSON line (`{"protocol", "fingerprint", "op", "args"}`, at most
 MAX_REQUEST bytes); the server answers one line at once (`{"accepted": true, "timeout": s}` or `{"declined": why}`),
-then one line with the answer (`{"result": ...}`, `{"error": ResearchAgentError.to_dict(), "exit_code": n}`, or
-`{"fallback": why}`). Time bounds on the CLI side: connect CONNECT_TIMEOUT, the first line ACK_TIMEOUT (a stopped
-server accepts connections but never answers), the answer the server's own call timeout plus ANSWER_MARGIN. Any
-failure, decline or time-out means the CLI runs the query in-process as it always did; only a coded error the
-service raised (an unknown collection, an empty query) is the answer.
+then, while the call runs, an empty line every KEEPALIVE s, then one line with the answer (`{"result": ...}`,
+`{"error": ResearchAgentError.to_dict(), "exit_code": n}`, or `{"fallback": why}`). Time bounds on the CLI side:
+connect CONNECT_TIMEOUT, the first line ACK_TIMEOUT (a stopped server accepts connections but never answers), then
+no byte for IDLE_TIMEOUT (a server stopped mid-call: the keep-alives stop), and the answer in all by the server's
+own call timeout plus ANSWER_MARGIN. Any failure, decline or time-out means the CLI runs the query in-process as it
+always did. Only an error about the request itself is the answer (`request_error`: a coded, not retryable
+collection/document/query error, e.g. an unknown collection or an empty query); an error about the server's own
+store or settings (ConfigError, StoreUnavailableError: its store folder deleted or replaced) or anything retryable
+means the CLI runs it here, where the store is opened afresh. The server sends `fallback` for those, and the CLI
+checks again (defence in depth); the CLI also reruns an answer that does not validate as its QueryResult
+(cli/query.py).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -46,7 +54,7 @@ from research_agent.errors import ResearchAgentError
 
 log = logging.getLogger("research_agent.local_server")
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: keep-alive lines while a call runs
 #: The largest request line: a 1 MB document context (text a user pipes in) plus the rest of the query.
 MAX_REQUEST = 1_100_000
 #: The largest answer the CLI reads (a top_k of max_top_k whole chunks is well under 1 MB).
@@ -55,6 +63,10 @@ MAX_RESPONSE = 64 * 1024 * 1024
 CONNECT_TIMEOUT = 0.2
 #: Seconds the CLI waits for the server's first line (accepted or declined) after sending its request.
 ACK_TIMEOUT = 1.0
+#: Seconds between the server's keep-alive lines while a call runs.
+KEEPALIVE = 0.5
+#: Seconds without a byte from the server, once it accepted, after which the CLI runs the query itself.
+IDLE_TIMEOUT = 1.5
 #: Seconds the CLI waits for an answer beyond the server's own call timeout (which bounds the call server-side).
 ANSWER_MARGIN = 5.0
 #: Settings that never change a query's answer (how the server is reached, logged, bounded, what ingest accepts).
@@ -72,12 +84,50 @@ _MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108 on Linux (107 and a NUL), ke
 
 
 def fingerprint(settings: Settings) -> str:
-    """A hash of everything that changes an answer: the store (resolved), the settings, the code's version."""
+    """A hash of everything that changes an answer: the store (resolved), the settings, the code (version and
+    `code_hash`)."""
     values = settings.model_dump(mode="json")
     relevant = {k: v for k, v in values.items() if k not in IGNORED_SETTINGS}
     relevant["store"] = str(Path(settings.store).expanduser().resolve())
-    relevant["_version"], relevant["_protocol"] = __version__, PROTOCOL
+    relevant["_version"], relevant["_protocol"], relevant["_code"] = __version__, PROTOCOL, code_hash()
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def code_hash() -> str:
+    """A hash of the research_agent package's .py files (names and contents), once per process: ~8 ms for 108
+    files (1.2 MB) on a warm cache. Contents, not mtimes: two installs of the same code agree. A server hashes
+    when it starts listening, so a checkout under a running server changes the CLI's hash, not the server's: that
+    server is then not asked."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = Path(folder) / name
+                digest.update(str(path.relative_to(root)).encode() + b"\0")
+                try:
+                    digest.update(path.read_bytes())
+                except OSError:
+                    digest.update(b"unreadable")
+    return digest.hexdigest()
+
+
+def request_error(error: Any) -> bool:
+    """Whether a coded error is about the request itself (the answer the CLI shows) rather than about the
+    server's store or settings or passing (then the CLI runs the query itself): a collection, document or query
+    error that is not retryable. A ConfigError (exit 3), a StoreUnavailableError, anything retryable is not.
+    `error` is the exception (server side) or its wire form, ResearchAgentError.to_dict() (CLI side)."""
+    from research_agent.errors import CollectionError, DocumentError, QueryError
+
+    if isinstance(error, ResearchAgentError):
+        return isinstance(error, (CollectionError, DocumentError, QueryError)) and not error.retryable
+    if not isinstance(error, dict):
+        return False
+    data = error.get("data")
+    retryable = not isinstance(data, dict) or data.get("retryable", True) is not False
+    return error.get("code") in (-32002, -32003, -32004) and not retryable
 
 
 def usable(settings: Settings) -> str | None:
@@ -100,39 +150,55 @@ def runtime_dir() -> Path:
     return Path("/tmp") / f"research-agent-{os.getuid()}"
 
 
-def secure_dir(path: Path, create: bool) -> bool:
-    """Whether `path` is a folder of this user's that only they can enter (not a symbolic link); with `create`,
-    made 0700 when missing. A folder someone else made first is refused, never repaired."""
+def folder_problem(path: Path, create: bool) -> str | None:
+    """Why `path` is not a folder of this user's that only they can enter (missing, a symbolic link, another
+    user's, open to others), or None; with `create`, made 0700 when missing. A folder someone else made first is
+    refused, never repaired."""
     if create:
         try:
             path.mkdir(mode=0o700)
         except FileExistsError:
             pass
         except OSError as exc:
-            log.info("local socket: cannot create %s (%s)", path, exc)
-            return False
+            return f"cannot create the socket folder {path} ({exc.strerror or exc})"
     try:
         st = os.lstat(path)
-    except OSError:
-        return False
-    ok = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
-    if not ok and create:
-        log.info("local socket: %s is not a folder only this user can enter; not listening", path)
-    return ok
+    except FileNotFoundError:
+        return "no local server for this store and these settings (no socket folder)"
+    except OSError as exc:
+        return f"cannot read the socket folder {path} ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        return f"the socket folder {path} is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"the socket folder {path} is not a folder"
+    if st.st_uid != os.getuid():
+        return f"the socket folder {path} belongs to uid {st.st_uid}, not to this user ({os.getuid()})"
+    if st.st_mode & 0o077:
+        return f"the socket folder {path} is open to other users (mode {stat.S_IMODE(st.st_mode):o}, not 700)"
+    return None
+
+
+def secure_dir(path: Path, create: bool) -> bool:
+    """Whether `path` is a folder of this user's that only they can enter (`folder_problem`)."""
+    return folder_problem(path, create) is None
+
+
+def locate(settings: Settings, create: bool = False) -> tuple[Path | None, str]:
+    """(the socket of servers with these settings in a secure folder, "") or (None, why there is none)."""
+    folder = runtime_dir()
+    problem = folder_problem(folder, create)
+    if problem is not None:
+        return None, problem
+    path = folder / f"{fingerprint(settings)[:32]}.sock"
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        return None, f"{path} is longer than a socket path may be"
+    return path, ""
 
 
 def socket_path(settings: Settings, create: bool = False) -> Path | None:
-    """The socket of servers with these settings, in a secure folder; None (logged at INFO when creating) when
-    there is none to use."""
-    folder = runtime_dir()
-    if not secure_dir(folder, create):
-        return None
-    path = folder / f"{fingerprint(settings)[:32]}.sock"
-    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
-        if create:
-            log.info("local socket: %s is longer than a socket path may be; not listening", path)
-        return None
-    return path
+    """The socket of servers with these settings, in a secure folder; None when there is none (`locate` says
+    why)."""
+    return locate(settings, create)[0]
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -149,9 +215,9 @@ class LineReader:
         self.sock = sock
         self.buf = bytearray()
 
-    def line(self, limit: int, deadline: float) -> bytes | None:
+    def line(self, limit: int, deadline: float, idle: float | None = None) -> bytes | None:
         """The next line without its newline; None when the peer closed first. Raises TimeoutError past the
-        deadline (time.monotonic), ValueError past the limit."""
+        deadline (time.monotonic) or after `idle` s without a byte, ValueError past the limit."""
         while True:
             end = self.buf.find(b"\n")
             if end >= 0:
@@ -163,8 +229,13 @@ class LineReader:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError("no complete line in time")
-            self.sock.settimeout(remaining)
-            chunk = self.sock.recv(min(1 << 20, limit + 2 - len(self.buf)))
+            self.sock.settimeout(remaining if idle is None else min(remaining, idle))
+            try:
+                chunk = self.sock.recv(min(1 << 20, limit + 2 - len(self.buf)))
+            except TimeoutError:
+                if idle is not None and idle < remaining:
+                    raise TimeoutError(f"no byte from the server for {idle} s") from None
+                raise
             if not chunk:
                 if self.buf:
                     raise ValueError("the connection closed inside a line")
@@ -193,9 +264,11 @@ def ask(settings: Settings, op: str, args: dict[str, Any]) -> dict[str, Any] | N
     """The result of `op(**args)` from a matching local server, or None (logged at INFO: why) to run it here.
     Raises RemoteError for a coded error the server's service raised."""
     why = usable(settings)
-    path = None if why else socket_path(settings)
+    path = None
+    if why is None:
+        path, why = locate(settings)
     if path is None:
-        log.info("%s runs in this process: %s", op, why or "no local server for this store and these settings")
+        log.info("%s runs in this process: %s", op, why)
         return None
     started = time.monotonic()
     try:
@@ -203,6 +276,10 @@ def ask(settings: Settings, op: str, args: dict[str, Any]) -> dict[str, Any] | N
                                   "args": args})
     except _Fallback as exc:
         log.info("%s runs in this process: %s", op, exc)
+        return None
+    if "error" in answer and not request_error(answer["error"]):  # the server's store, not the request
+        log.info("%s runs in this process: the local server's store or settings failed (%s)", op,
+                 str(answer["error"].get("message", ""))[:300])
         return None
     if "error" in answer:
         log.info("%s answered by the local server %s (%.3f s): an error", op, path, time.monotonic() - started)
@@ -237,18 +314,31 @@ def _exchange(path: Path, request: dict[str, Any]) -> dict[str, Any]:
             first = _decode(lines.line(64 * 1024, time.monotonic() + ACK_TIMEOUT))
             if "declined" in first:
                 raise _Fallback(f"the local server declined: {first['declined']}")
-            timeout = float(first.get("timeout", 30.0)) + ANSWER_MARGIN
-            answer = _decode(lines.line(MAX_RESPONSE, time.monotonic() + timeout))
-        except TimeoutError:
-            raise _Fallback("the local server did not answer in time") from None
-        except (OSError, ValueError) as exc:
-            raise _Fallback(f"the local server's answer broke off ({exc})") from None
+            deadline = time.monotonic() + float(first.get("timeout", 30.0)) + ANSWER_MARGIN
+            line = b""
+            while line == b"":  # an empty line: the server is alive and the call still runs
+                line = lines.line(MAX_RESPONSE, deadline, idle=IDLE_TIMEOUT)
+            answer = _decode(line)
+        except TimeoutError as exc:
+            raise _Fallback(f"the local server did not answer in time ({exc})") from None
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
+            raise _Fallback(f"the local server's answer broke off ({type(exc).__name__}: {exc})"[:300]) from None
     finally:
         sock.close()
     if "fallback" in answer:
         raise _Fallback(f"the local server could not answer: {answer['fallback']}")
-    if "result" not in answer and not ("error" in answer and "exit_code" in answer):
+    if not (isinstance(answer.get("result"), dict) or (isinstance(answer.get("error"), dict)
+                                                       and isinstance(answer.get("exit_code"), int))):
         raise _Fallback("the local server's answer is not one this version reads")
+    if "result" in answer and answer.get("code") != code_hash():
+        # Same code, same shape: `--json` then prints the result as it came, without importing the result models
+        # (search/service.py: 250-600 ms) to check it; human output validates it anyway to render it.
+        raise _Fallback("the local server's answer is not this version's result (other code)")
+    if "error" in answer:
+        try:
+            RemoteError(answer["error"], answer["exit_code"])
+        except (KeyError, TypeError, ValueError):
+            raise _Fallback("the local server's error is not one this version reads") from None
     return answer
 
 
