@@ -13,14 +13,22 @@ Ctrl-C (SIGINT) exits INTERRUPTED_EXIT, quietly, at any moment from the entry's 
 once (`exit_while_starting`); a KeyboardInterrupt raised in the middle of an import printed a traceback (exit -2 or
 1), for about 1 s of an HTTP launch of mcp_server.py. While serving, asyncio's own handling cancels the session (the
 lifespan closes the store) and `watch_interrupts` arms an exit INTERRUPT_GRACE_SECONDS later, whatever a tool call
-waits for. Before the entry's first line runs (the interpreter's start-up and `site`, 10-30 ms) Ctrl-C is Python's
-own: killed by the signal (which a shell reports as 130), or Python's "Fatal Python error: init_import_site".
+waits for. SIGTERM stops a serving server the same way (`handle_stops`: the lifespan's clean-up runs, the store closed
+and the local query socket removed, within the same grace) and exits TERMINATED_EXIT; a second signal exits at once;
+an inherited SIG_IGN (nohup, `&` in a script) is kept for either. Before the entry's first line runs (the
+interpreter's start-up, and `site` with the venv's .pth files: 10-30 ms) Ctrl-C is Python's own: killed by the signal
+(which a shell reports as 130), Python's "Fatal Python error: init_import_site", or a KeyboardInterrupt traceback
+and exit 1 (an interrupt landing inside `site` or the editable install's .pth finder).
+
+`loggable` escapes what our MCP code logs from a client (control and line-breaking characters): a forged log line or a
+terminal escape on `tail -f` of the log.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -37,9 +45,16 @@ INTERRUPTED_EXIT = 130
 #: tool call waiting for another process's write lock (60 s) would hold the exit up. A write cut short is undone
 #: like a killed writer's (its intent record), as after SIGTERM.
 INTERRUPT_GRACE_SECONDS = 3.0
+#: Exit status for SIGTERM (128 + 15), after the same clean-up as Ctrl-C's.
+TERMINATED_EXIT = 143
+#: The signals that stop a serving server: exit status and what the log calls it.
+STOP_SIGNALS = {signal.SIGINT: (INTERRUPTED_EXIT, "interrupted (Ctrl-C)"),
+                signal.SIGTERM: (TERMINATED_EXIT, "terminated (SIGTERM)")}
 
 log = logging.getLogger("research_agent.mcp")
-_interrupts = 0  # Ctrl-Cs received while serving (`watch_interrupts`)
+_interrupts = 0  # stop signals received while serving (`handle_stops`)
+_stopped_by: int | None = None  # the first of them
+_cut_short: Callable[[], int] | None = None  # calls a stop ends unanswered (`handle_stops`)
 _finish_before_exit: Callable[[], None] | None = None  # an early answer being written (`starting`)
 
 
@@ -105,34 +120,83 @@ def stop_starting() -> None:
     set_interrupt_handler(signal.default_int_handler, exit_while_starting)
 
 
+def handle_stops(stop: Callable[[], None], cut_short: Callable[[], int] | None = None) -> None:
+    """SIGINT and SIGTERM, but either one inherited as SIG_IGN (nohup, `&` in a non-interactive shell), stop the
+    server from now on: the first calls `stop` (which lets the server wind down: the lifespan closes the store and
+    removes the local query socket) and arms an exit INTERRUPT_GRACE_SECONDS later whatever a call waits for; a
+    second one exits at once. Off the main thread, a no-op. `cut_short` (the calls a stop ends unanswered) goes
+    into the line logged when the grace runs out."""
+    global _cut_short
+    _cut_short = cut_short
+    for signum in STOP_SIGNALS:
+        try:
+            if signal.getsignal(signum) is signal.SIG_IGN:
+                continue
+            signal.signal(signum, lambda signum, frame: _on_stop_signal(signum, stop))
+        except ValueError:  # not the main thread: signals are not ours to handle
+            return
+
+
+def _on_stop_signal(signum: int, stop: Callable[[], None]) -> None:
+    global _interrupts, _stopped_by
+    _interrupts += 1
+    code, why = STOP_SIGNALS[signal.Signals(signum)]
+    if _interrupts > 1:
+        exit_now(code)
+    _stopped_by = signum
+    exit_later(INTERRUPT_GRACE_SECONDS, code, why)
+    stop()
+
+
 def watch_interrupts() -> None:
-    """Called in the running event loop, whose SIGINT handler (asyncio's: the first Ctrl-C cancels the session)
-    stays in charge; around it, Ctrl-C also arms an exit INTERRUPT_GRACE_SECONDS later, and a second one exits at
-    once."""
-    loop_handler = signal.getsignal(signal.SIGINT)
-    if not callable(loop_handler):
+    """Called in the running event loop (stdio): Ctrl-C or SIGTERM cancels the session (the main task; the lifespan
+    closes the store), and the process ends within INTERRUPT_GRACE_SECONDS (`handle_stops`)."""
+    import asyncio
+
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    if task is None:
         return
 
-    def on_interrupt(signum: int, frame: Any) -> None:
-        global _interrupts
-        _interrupts += 1
-        if _interrupts > 1:
-            exit_now(INTERRUPTED_EXIT)
-        exit_later(INTERRUPT_GRACE_SECONDS, INTERRUPTED_EXIT, "interrupted (Ctrl-C)")
-        loop_handler(signum, frame)
+    def cancel() -> None:  # what asyncio's own SIGINT handler does (asyncio.Runner._on_sigint)
+        task.cancel()
+        loop.call_soon_threadsafe(lambda: None)
 
-    set_interrupt_handler(on_interrupt, loop_handler)
+    handle_stops(cancel)
 
 
 def interrupted() -> bool:
-    """Whether Ctrl-C reached the server while it served."""
+    """Whether a stop signal (Ctrl-C, SIGTERM) reached the server while it served."""
     return _interrupts > 0
+
+
+def stop_exit_code() -> int:
+    """The exit status for the signal that stopped the server: INTERRUPTED_EXIT or TERMINATED_EXIT."""
+    return STOP_SIGNALS[signal.Signals(_stopped_by)][0] if _stopped_by is not None else INTERRUPTED_EXIT
+
+
+def stop_reason() -> str:
+    """What the log calls the signal that stopped the server ("interrupted (Ctrl-C)")."""
+    return STOP_SIGNALS[signal.Signals(_stopped_by)][1] if _stopped_by is not None else STOP_SIGNALS[signal.SIGINT][1]
+
+
+#: Characters escaped in what we log from a client: C0 and C1 controls (ESC, CR, NUL, VT, ...), DEL, Unicode line
+#: and paragraph separators, and the bidirectional overrides.
+_UNLOGGABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def loggable(text: str) -> str:
+    """`text` with every control and line-breaking character as a \\xNN or \\uNNNN escape: one line, nothing a
+    terminal acts on."""
+    return _UNLOGGABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                           else f"\\u{ord(m.group()):04x}", text)
 
 
 def exit_later(seconds: float, code: int, why: str) -> None:
     """End the process with `code` in `seconds` unless it has ended by itself (a daemon timer)."""
     def stop() -> None:
-        log.warning("%s %g s ago and the server is still busy: exiting now", why, seconds)
+        cut = _cut_short() if _cut_short is not None else 0
+        calls = f" ({cut} call{'' if cut == 1 else 's'} cut short)" if cut else ""
+        log.warning("%s %g s ago and the server is still busy%s: exiting now", why, seconds, calls)
         exit_now(code)
 
     timer = threading.Timer(seconds, stop)

@@ -15,7 +15,8 @@ More duties of the wire: a line the SDK cannot parse as a JSON-RPC message is an
 logs it and sends nothing, so a client waiting on that id would hang), and once the client closes stdin the
 process exits within STDIN_EOF_GRACE_SECONDS, whatever a tool call is still waiting for. Ctrl-C (SIGINT) ends it
 with INTERRUPTED_EXIT (130), as everywhere else in `research-agent`: at once while only the front answers (nothing
-is open yet), else after the server winds down, at most launch.INTERRUPT_GRACE_SECONDS later. Settings rejected
+is open yet), else after the server winds down, at most launch.INTERRUPT_GRACE_SECONDS later; SIGTERM likewise,
+with 143. A rejected line is logged escaped (launch.loggable). Settings rejected
 once the front has answered (`refuse`): the requests received meanwhile get their error, not a closed pipe.
 
 Only the standard library (and research_agent.mcp.early and .launch, which import only it) is imported at module
@@ -44,7 +45,9 @@ from research_agent.mcp.launch import (
     exit_later,
     interrupted,
     launch_transport,
+    loggable,
     starting,
+    stop_exit_code,
     stop_starting,
     watch_interrupts,
 )
@@ -377,8 +380,9 @@ class _ReplayStdin:
             answer = _error(None, INVALID_REQUEST, "Invalid Request: the message could not be read", _GUIDANCE)
         if answer is _PASS:
             return True
-        log.warning("rejected a malformed JSON-RPC line (%s): %.200s", "answered" if answer else "not answered",
-                    line.strip())
+        # The client's bytes, escaped: a raw ESC sequence, \r or U+2028 would forge a log line or clear a terminal.
+        log.warning("rejected a malformed JSON-RPC line (%s): %s", "answered" if answer else "not answered",
+                    loggable(line.strip()[:200]))
         if answer is not None:
             await self._reply(answer)
         return False
@@ -453,15 +457,20 @@ def serve(server: Any) -> None:
     the wire `start_early` claimed, or claimed now)."""
     global _early
     wire, _early = _early or Wire(), None
+    import asyncio
+
     import anyio
 
-    stop_starting()  # the event loop's handling takes over
+    stop_starting()  # the event loop's handling takes over (watch_interrupts: Ctrl-C and SIGTERM)
     try:
         anyio.run(_serve, server, wire)
     except KeyboardInterrupt:
-        raise SystemExit(INTERRUPTED_EXIT) from None
+        raise SystemExit(stop_exit_code() if interrupted() else INTERRUPTED_EXIT) from None
+    except asyncio.CancelledError:  # the session cancelled by a stop signal: its clean-up has run
+        if not interrupted():
+            raise
     if interrupted():
-        raise SystemExit(INTERRUPTED_EXIT)
+        raise SystemExit(stop_exit_code())
 
 
 async def _serve(server: Any, wire: Wire) -> None:
