@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from test_mcp_early_interrupt import _wait
 from test_mcp_signals import EXIT_WITHIN, _ctrl_c_reaches_children
 from test_mcp_stdio import SERVER, _mcp_env
 
@@ -66,18 +67,6 @@ def _listening(proc: subprocess.Popen, port: int) -> bool:
         except OSError:
             time.sleep(0.05)
     return False
-
-
-def _wait(proc: subprocess.Popen) -> int | None:
-    try:
-        return proc.wait(timeout=EXIT_WITHIN)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return None
-    finally:
-        proc.stdin.close()
-        proc.stdout.close()
 
 
 def _noise(stderr: str) -> list[str]:
