@@ -341,7 +341,8 @@ def test_two_reindexes_whose_clocks_differ_by_350_s_never_both_win(tmp_path, chr
 @pytest.mark.slow
 def test_doctor_shows_no_control_characters_of_a_forged_host(tmp_path, chroma_server, fake_embedder):
     """Finding 4: a forged lease host 'evil\\x1b[2J' was printed raw in doctor's `note:` lines (clearing the
-    user's screen). Every doctor line shows it escaped; --json keeps it exactly."""
+    user's screen). Such a host is no machine's name: both records are malformed (round 2: a newline printed a
+    fake 'store: healthy' line), block nothing, and doctor lists them by key with nothing raw on the terminal."""
     from research_agent.storage.leases import LEASE, lease_key
 
     collection = _unique("esc")
@@ -353,11 +354,12 @@ def test_doctor_shows_no_control_characters_of_a_forged_host(tmp_path, chroma_se
                                                       "renewed": time.time(), "token": "z"}}, LEASE, collection)
         _claim(c, collection, "6" * 32, time.time(), **{**FOREIGN, "host": host})
         text = run_cli(tmp_path, "doctor", fake=True, env=_server_env(chroma_server))
-        assert text.returncode == 1 and "evil" in text.stderr and "evil" in text.stdout, text.stderr[-2000:]
+        assert text.returncode == 1 and "2 malformed" in text.stdout, (text.stdout[-2000:], text.stderr[-2000:])
         for stream in (text.stdout, text.stderr):
             assert not any(ch in stream for ch in "\x1b\x07\u202e"), repr(stream[-1500:])
         report = json.loads(run_cli(tmp_path, "--json", "doctor", fake=True, env=_server_env(chroma_server)).stdout)
-        assert report["reindexes"][0]["host"] == host
+        assert report["reindexes"] == [] and report["reindex_claims"] == []
+        assert any("2 malformed" in item for item in report["leftovers"]), report["leftovers"]
     finally:
         c.close()
 

@@ -205,3 +205,19 @@ def test_loggable_escapes_controls_and_line_breaks_only():
     assert loggable("plain é ü 字 text") == "plain é ü 字 text"
     assert loggable("a\rb\nc\x1b[0m\u2028\u202e\x7f") == "a\\x0db\\x0ac\\x1b[0m\\u2028\\u202e\\x7f"
 
+
+
+def test_a_forced_exit_runs_the_quick_clean_ups(monkeypatch):
+    """When the stop's grace runs out, exit_now ends the process with os._exit, which runs no atexit: under load a
+    server's clean-up outlasted the grace and left its local socket behind. Its quick clean-ups run first now."""
+    from research_agent.mcp import launch
+
+    ran, exited = [], []
+    monkeypatch.setattr(launch.os, "_exit", exited.append)
+    monkeypatch.setattr(launch.logging, "shutdown", lambda: None)  # not this test process's log handlers
+    monkeypatch.setattr(launch, "_exit_hooks", [])
+    launch.on_exit_now(lambda: ran.append("socket removed"))
+    launch.on_exit_now(lambda: 1 / 0)  # a failing clean-up keeps none of the others from running, nor the exit
+    launch.on_exit_now(lambda: ran.append("second"))
+    launch.exit_now(130)
+    assert ran == ["socket removed", "second"] and exited == [130]

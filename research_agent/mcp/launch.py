@@ -204,7 +204,27 @@ def exit_later(seconds: float, code: int, why: str) -> None:
     timer.start()
 
 
+#: Quick clean-ups that must run even when the grace runs out (os._exit runs no atexit): the local socket's unlink.
+_exit_hooks: list[Callable[[], None]] = []
+
+
+def on_exit_now(hook: Callable[[], None]) -> None:
+    """Run `hook` (quick, never raising for long) before a forced exit too; `forget_on_exit_now` takes it back."""
+    _exit_hooks.append(hook)
+
+
+def forget_on_exit_now(hook: Callable[[], None]) -> None:
+    if hook in _exit_hooks:
+        _exit_hooks.remove(hook)
+
+
 def exit_now(code: int) -> None:
-    """End the process at once (os._exit: no thread is waited for), the log flushed first."""
+    """End the process at once (os._exit: no thread is waited for), the quick clean-ups run and the log flushed
+    first (a server whose clean-up outlasted the grace under load left its local socket behind)."""
+    for hook in list(_exit_hooks):
+        try:
+            hook()
+        except Exception:  # a clean-up that fails must not keep the process from ending
+            pass
     logging.shutdown()
     os._exit(code)

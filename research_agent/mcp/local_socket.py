@@ -36,6 +36,7 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from research_agent.errors import ResearchAgentError
+from research_agent.mcp import launch
 from research_agent.mcp.calls import Calls
 from research_agent.mcp.errors import ToolFailure
 from research_agent.mcp.lifespan import ServedContainer, ServerState
@@ -109,6 +110,7 @@ class LocalListener:
         self.sock = _bind(path)
         self._inode = os.stat(path).st_ino
         atexit.register(self._unlink)
+        launch.on_exit_now(self._unlink)  # a forced exit (the stop's grace ran out) runs no atexit
         self._sigterm = _chain_sigterm(self._unlink)
         self.thread = threading.Thread(target=self._accept, name="local-socket", daemon=True)
         self.thread.start()
@@ -120,6 +122,7 @@ class LocalListener:
         self.sock.close()
         self._unlink()
         atexit.unregister(self._unlink)
+        launch.forget_on_exit_now(self._unlink)
         _unchain_sigterm(self._sigterm)
 
     def _unlink(self) -> None:
