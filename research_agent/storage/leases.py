@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import time
@@ -57,7 +56,7 @@ from typing import Any
 
 from research_agent.errors import ResearchAgentError, StoreUnavailableError
 from research_agent.storage import chunks
-from research_agent.storage.registry import INTENT, parse_intent
+from research_agent.storage.registry import INTENT, parse_intent, valid_date, valid_pid, valid_text
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +79,6 @@ def _here(record: dict[str, Any]) -> bool:
     return (record.get("host"), record.get("pidns")) == (socket.gethostname(), _pid_namespace())
 
 
-def _valid_pid(pid: Any) -> bool:
-    return type(pid) is int and 0 < pid <= PID_MAX
-
-
 def holder_gone(record: dict[str, Any]) -> bool:
     """True when the record's holder ran on this host and its process no longer exists.
 
@@ -95,7 +90,7 @@ def holder_gone(record: dict[str, Any]) -> bool:
     if not isinstance(record, dict) or not _here(record):
         return False
     pid = record.get("pid")
-    if not _valid_pid(pid) or pid == os.getpid():
+    if not valid_pid(pid) or pid == os.getpid():
         return False
     try:
         os.kill(pid, 0)
@@ -112,25 +107,9 @@ def _ours_by_process(record: dict[str, Any]) -> bool:
 
 
 # -- the records: every lease and claim is read through parse_record --------------------------------------------
-#: The largest pid a record may name (pid_t); dates must fall within years 1970-9999 (time.localtime of 1e20 fails).
-PID_MAX = 2**31 - 1
-DATE_MAX = 253_402_300_799.0
-#: Host names, pid namespaces and tokens longer than this are no one's (a host name has at most 253 characters).
-TEXT_MAX = 255
-
-
+# The limits (pid, date, text) are storage/registry.py's, shared with writers' intents.
 def _date(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and 0.0 <= value <= DATE_MAX else None
-
-
-def _text(value: Any, *, optional: bool) -> bool:
-    """A short printable string: a host or pid namespace with a newline, tab, escape or format character (U+2028,
-    U+200F) is no machine's name, and it drove the terminal (or forged a line) where doctor or a refusal showed it."""
-    return (value is None and optional) or (isinstance(value, str) and 0 < len(value) <= TEXT_MAX
-                                            and value.isprintable())
+    return float(value) if valid_date(value) else None
 
 
 def parse_record(raw: Any) -> dict[str, Any] | None:
@@ -152,11 +131,11 @@ def parse_record(raw: Any) -> dict[str, Any] | None:
     started = _date(raw.get("started", renewed))
     if renewed is None or started is None:
         return None
-    if "pid" in raw and not _valid_pid(raw["pid"]):
+    if "pid" in raw and not valid_pid(raw["pid"]):
         return None
-    if not all(_text(raw[f], optional=False) for f in ("host", "token") if f in raw):
+    if not all(valid_text(raw[f], optional=False) for f in ("host", "token") if f in raw):
         return None
-    if not _text(raw.get("pidns"), optional=True):
+    if not valid_text(raw.get("pidns"), optional=True):
         return None
     return {**raw, "renewed": renewed, "started": started}
 
@@ -389,7 +368,7 @@ def _retry_after(record: dict[str, Any], now: float, *, claim: bool) -> int:
     holder is alive on this machine wins or withdraws within about the settle (quoting 120 s sent callers away
     for nothing); otherwise until the record stops counting for elections."""
     age = now - record["renewed"]
-    if claim and 0 <= age < MID_ELECTION_SECONDS and _here(record) and _valid_pid(record.get("pid")) \
+    if claim and 0 <= age < MID_ELECTION_SECONDS and _here(record) and valid_pid(record.get("pid")) \
             and not holder_gone(record):
         return max(1, _ceil(MID_ELECTION_SECONDS - age))
     return record_timing(record, now, election=True)[1]

@@ -84,6 +84,19 @@ def valid_date(value: Any) -> bool:
         and 0.0 <= value <= DATE_MAX
 
 
+def valid_pid(value: Any) -> bool:
+    """An int in 1..PID_MAX, never a bool (2**70 made os.kill raise OverflowError)."""
+    return type(value) is int and 0 < value <= PID_MAX
+
+
+def valid_text(value: Any, *, optional: bool = False) -> bool:
+    """A short printable string (or None when optional): a host or pid namespace with a newline, tab, escape or
+    format character (U+2028, U+200F) is no machine's name, and it drove the terminal (or forged a line) where
+    doctor or a refusal showed it."""
+    return (value is None and optional) or (isinstance(value, str) and 0 < len(value) <= TEXT_MAX
+                                            and value.isprintable())
+
+
 def _version_entry(v: Any) -> bool:
     """An intent entry `version_ids` can use: document and content hash non-empty strings, a chunk count."""
     return isinstance(v, dict) and all(isinstance(v.get(f), str) and v[f] for f in ("document", "content_hash")) \
@@ -108,9 +121,8 @@ def parse_intent(raw: Any) -> dict[str, Any] | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("versions"), list) \
             or not all(_version_entry(v) for v in raw["versions"]):
         return None
-    checks = {"created": valid_date, "pid": lambda p: type(p) is int and 0 < p <= PID_MAX,
-              "host": lambda h: isinstance(h, str) and 0 < len(h) <= TEXT_MAX and h.isprintable(),
-              "pidns": lambda n: n is None or isinstance(n, str) and 0 < len(n) <= TEXT_MAX and n.isprintable()}
+    checks = {"created": valid_date, "pid": valid_pid, "host": valid_text,
+              "pidns": lambda n: valid_text(n, optional=True)}
     bad = sorted(f for f, ok in checks.items() if f in raw and not ok(raw[f]))
     if not bad and "malformed" not in raw:
         return raw
