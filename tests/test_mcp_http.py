@@ -39,14 +39,18 @@ def _env(tmp_path: Path, **settings: str) -> dict[str, str]:
 
 
 @contextmanager
-def http_server(tmp_path: Path, **settings: str) -> Iterator[str]:
-    """`python -m mcp_server` over HTTP on a free port; yields its base URL once /health answers."""
+def http_server(tmp_path: Path, hub_env: dict[str, str] | None = None, **settings: str) -> Iterator[str]:
+    """`python -m mcp_server` over HTTP on a free port; yields its base URL once /health answers. `hub_env`
+    replaces HF_HUB_OFFLINE with the given hub settings (downloads on)."""
     port = free_port()
     work = Path.cwd()
     stderr_path = tmp_path / f"http-{port}.log"
+    env = _env(tmp_path, port=str(port), **settings)
+    if hub_env is not None:
+        env = {k: v for k, v in env.items() if not k.startswith(("HF_", "TRANSFORMERS_OFFLINE"))} | hub_env
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "mcp_server"], cwd=work,
-                                env=_env(tmp_path, port=str(port), **settings), stdout=subprocess.PIPE, stderr=stderr)
+                                env=env, stdout=subprocess.PIPE, stderr=stderr)
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 60
@@ -172,34 +176,53 @@ def test_an_idle_server_is_healthy_and_names_its_store_kind(tmp_path):
 
 @pytest.mark.slow
 def test_calls_that_need_no_model_do_not_wait_for_the_model_warm_up(tmp_path, tiny_cross_encoder):
-    """Lists, status and a service's validation error answer while the real models (embedder, then a torch
-    cross-encoder) are still warming up (the warm-up state they see is not "done"); a query waits for them.
-    Issue 15: first calls waited 11-28 s."""
+    """Lists, status, /health and a service's validation error answer while the warm-up is still loading the
+    reranker (a hub download the test holds open: the warm-up state they see is "running" however fast the
+    machine); a query waits for it and answers once the download ends. Issue 15: first calls waited 11-28 s."""
+    import threading
+
     from mcp.shared.exceptions import MCPError
 
-    with http_server(tmp_path, warmup="true", reranker_model=str(tiny_cross_encoder)) as url:
-        async def flow(session: Any) -> dict[str, Any]:
-            await session.list_tools()  # starts the warm-up at once
-            seen = {}
-            listed = await session.call_tool("manage_collections", {"action": "list"})
-            seen["list"] = listed.structured_content
-            with pytest.raises(MCPError) as info:
-                await session.call_tool("manage_documents", {"action": "list", "collection": "no-such-one"})
-            seen["error"] = info.value
-            seen["status"] = (await session.call_tool("get_status", {})).structured_content
-            seen["health"] = httpx.get(f"{url}/health", timeout=60).json()
-            await session.call_tool("manage_collections", {"action": "create", "collection_name": "warm"})
-            found = await session.call_tool("query_knowledge_base", {"query": "anything", "collections": ["warm"]})
-            seen["query"] = found.structured_content
-            seen["after"] = (await session.call_tool("get_status", {})).structured_content
-            return seen
+    from test_model_loading import DEFAULT_RERANKER, FakeHub
 
-        seen = anyio.run(_sdk_session, url, None, flow)
+    release = threading.Event()
+    hub = FakeHub(DEFAULT_RERANKER, tiny_cross_encoder, hold=release)
+    hub_env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DOWNLOAD_TIMEOUT": "300",
+               "HF_HUB_ETAG_TIMEOUT": "300"}
+    try:
+        with http_server(tmp_path, hub_env=hub_env, warmup="true") as url:
+            async def flow(session: Any) -> dict[str, Any]:
+                await session.list_tools()  # starts the warm-up at once
+                seen = {}
+                deadline = time.monotonic() + 120
+                while not any(method == "GET" for method, _ in hub.requests):  # the warm-up is downloading
+                    assert time.monotonic() < deadline, hub.requests
+                    await anyio.sleep(0.05)
+                listed = await session.call_tool("manage_collections", {"action": "list"})
+                seen["list"] = listed.structured_content
+                with pytest.raises(MCPError) as info:
+                    await session.call_tool("manage_documents", {"action": "list", "collection": "no-such-one"})
+                seen["error"] = info.value
+                seen["status"] = (await session.call_tool("get_status", {})).structured_content
+                seen["health"] = httpx.get(f"{url}/health", timeout=60).json()
+                await session.call_tool("manage_collections", {"action": "create", "collection_name": "warm"})
+                threading.Timer(2.0, release.set).start()  # the query below waits for the download's end
+                found = await session.call_tool("query_knowledge_base", {"query": "anything", "collections": ["warm"]})
+                seen["released_before_answer"] = release.is_set()
+                seen["query"] = found.structured_content
+                seen["after"] = (await session.call_tool("get_status", {})).structured_content
+                return seen
+
+            seen = anyio.run(_sdk_session, url, None, flow)
+    finally:
+        release.set()
+        hub.stop()
     assert seen["list"]["collections"] == [] and seen["error"].code == -32002
-    assert seen["status"]["warmup"] in ("pending", "running"), seen["status"]  # it did not wait for the model
+    assert seen["status"]["warmup"] == "running", seen["status"]  # it did not wait for the model
     assert seen["health"]["status"] == "ok" and seen["health"]["store_kind"] == "embedded"
+    assert seen["released_before_answer"] is True  # the query waited for the warm-up
     assert seen["query"]["results"] == [] and seen["after"]["warmup"] == "done"
-    assert seen["after"]["embedding_loaded"] is True
+    assert seen["after"]["embedding_loaded"] is True and seen["after"]["reranker_loaded"] is True
 
 
 @pytest.mark.parametrize("settings, needle", [

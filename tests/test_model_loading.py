@@ -31,9 +31,10 @@ CLI = str(Path(sys.executable).parent / "research-agent")
 class FakeHub:
     """Serves one model folder as hub repo `repo`: what huggingface_hub asks for when it downloads a model
     (`/api/models/{repo}[/revision|/tree/...]`, HEAD and GET `/{repo}/resolve/{rev}/{file}` with X-Repo-Commit,
-    ETag and Content-Length), and records every request."""
+    ETag and Content-Length), and records every request. With `hold`, a file's GET waits until it is set: a
+    download that takes as long as the test wants."""
 
-    def __init__(self, repo: str, folder: Path) -> None:
+    def __init__(self, repo: str, folder: Path, hold: threading.Event | None = None) -> None:
         self.requests: list[tuple[str, str]] = []
         files = {p.name: p for p in folder.iterdir() if p.is_file()}
         etags = {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in files.items()}
@@ -68,6 +69,8 @@ class FakeHub:
                 if found.group(1) not in files:
                     return self._send(404, b"{}", {"X-Error-Code": "EntryNotFound"})
                 name = found.group(1)
+                if hold is not None and self.command == "GET":
+                    hold.wait(300)
                 return self._send(200, files[name].read_bytes(), {"ETag": f'"{etags[name]}"'})
 
             do_GET = do_HEAD = _answer

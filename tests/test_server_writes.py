@@ -486,3 +486,36 @@ def test_listing_collections_between_a_live_reindexs_renames_leaves_its_backup_a
         assert [col.name for col in c.store.list_collections()] == ["swapping"]
     finally:
         c.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["remove", "update"])
+def test_a_writer_that_resolved_the_collection_before_a_reindex_writes_the_live_one(tmp_path, chroma_server,
+                                                                                  fake_embedder, monkeypatch, op):
+    """A writer of another process (ignoring the lease, or paused) that looked the collection up before a reindex
+    renamed it writes after the reindex ended: its flip lands in the live collection, not in the dropped
+    backup. The old writer deleted the manifest, then failed on the dropped collection: orphan chunks no
+    manifest names (the race behind the flaky `lease-ignored` run above)."""
+    from research_agent.ingest import service
+    from research_agent.ingest.service import ingest_path, reindex_collection, remove_document
+
+    collection = _unique("stale")
+    c = _open(chroma_server)
+    try:
+        docs = _seed(c, tmp_path, collection, 4)
+        stale = c.store.get_collection(collection)  # the writer's lookup, before the reindex
+        reindex_collection(c, collection)
+        monkeypatch.setattr(service, "open_collection", lambda *a, **k: stale)
+        if op == "remove":
+            remove_document(c, collection, "docs/d1.txt")
+        else:
+            (docs / "d1.txt").write_text("document d1 second version wordupdatedx alpha beta\n")
+            ingest_path(c, docs / "d1.txt", collection)
+        monkeypatch.undo()
+        c.store.refresh()
+        assert_consistent(c, collection)
+        names = {m["document"]: m for m in c.store.registry_find("document", collection).values()}
+        assert ("docs/d1.txt" in names) is (op == "update")
+        assert not c.store.registry_find("intent", collection), "an intent was left behind"
+    finally:
+        c.close()

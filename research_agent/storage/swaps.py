@@ -89,10 +89,9 @@ def catch_up(store: Any, collection: str, copied: dict[str, dict[str, Any]], tar
 def settle(store: Any, collection: str, copied: dict[str, dict[str, Any]], target: Any,
            copy: Callable[[dict[str, Any]], int], lease: ReindexLease) -> None:
     """The last catch-up, after the renames and before the backup is dropped: catch up, wait for a moment with
-    no write under way (a writer that resolved the collection before the renames writes into the backup and
-    has recorded its intent by then, or it resolves the new one), then catch up with what those writes flipped.
-    Left open: a writer that resolved the collection before the renames but records its intent only after
-    that moment (milliseconds; a writer honouring the lease gives up instead)."""
+    no write under way (a writer looks the collection up after recording its intent, writer.hold_off_for_reindex:
+    one that found the backup has recorded its intent by then, or it finds the new collection), then catch up
+    with what those writes flipped."""
     catch_up(store, collection, copied, target, copy)
     lease.drain()
     catch_up(store, collection, copied, target, copy)

@@ -53,15 +53,22 @@ def write_intent(store: Store, collection: str, versions: list[dict[str, Any]]) 
     return key
 
 
-def hold_off_for_reindex(store: Store, collection: str, intent: str, steps: Steps) -> None:
+def hold_off_for_reindex(store: Store, col: Any, collection: str, intent: str, steps: Steps) -> Any:
     """Server mode: give up a write (its intent cleared, nothing else done yet) while another process
-    reindexes `collection` (storage/leases.py ReindexLease). Checked after the intent is recorded: the
-    reindex records its lease, then waits for intents, so one of the two always sees the other."""
+    reindexes `collection` (storage/leases.py ReindexLease); else the collection to write, looked up again.
+
+    Checked after the intent is recorded: the reindex records its lease, then waits for intents, so one of the
+    two always sees the other. Looked up after the intent too: a writer that found the collection before a
+    reindex renamed it (one that ignores the lease, or paused) wrote into the backup the reindex then
+    dropped, after the reindex's last wait for intents: its removal left chunks no manifest names. Found
+    after the intent, the collection is either the old one, and the reindex waits for this write and
+    catches up with it (swaps.settle), or the new one."""
     if not store.settings.server_mode:
-        return  # embedded: the store's file write lock already keeps a reindex and writers apart
+        return col  # embedded: the store's file write lock already keeps a reindex and writers apart
     try:
         check_no_reindex(store, collection)
-    except BaseException:  # any failure of the check (a refusal, a store error, Ctrl-C): the intent goes too
+        return store.get_collection(collection)
+    except BaseException:  # any failure (a refusal, a store error, the collection gone, Ctrl-C): the intent goes too
         steps.clear_intent(store, intent)
         raise
 
@@ -114,7 +121,7 @@ def commit(store: Store, col: Any, collection: str, new: Versions, *, dimension:
     intent = steps.write_intent(store, collection, [*stale.values(), *(
         {"document": m["document"], "content_hash": m["content_hash"], "chunk_count": m["chunk_count"]}
         for m in new.manifests.values())])
-    hold_off_for_reindex(store, collection, intent, steps)
+    col = hold_off_for_reindex(store, col, collection, intent, steps)
     for start in range(0, len(new.ids), WRITE_BATCH):
         end = start + WRITE_BATCH
         col.upsert(ids=new.ids[start:end], embeddings=new.vectors[start:end], documents=new.texts[start:end],
@@ -145,7 +152,7 @@ def delete(store: Store, col: Any, collection: str, manifests: dict[str, dict[st
     versions = list(manifests.values())
     rev = store.log_change(collection, (v["document"] for v in versions))
     intent = steps.write_intent(store, collection, versions)
-    hold_off_for_reindex(store, collection, intent, steps)
+    col = hold_off_for_reindex(store, col, collection, intent, steps)
     store.registry_delete(list(manifests))
     ids = version_ids(collection, versions)
     steps.delete_chunks(col, ids)
