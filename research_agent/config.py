@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -186,6 +187,15 @@ class Settings(BaseModel):
             return [part.strip() for part in value.split(sep) if part.strip()]
         return value
 
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_given(cls, value: Any) -> Any:
+        """An empty store (`--store "$STORE"` with STORE unset, `store: ""` in a file) is a mistake, not the working
+        directory, where a write created a Chroma store. Unset (None, or an empty variable) means the default."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("is empty: give the store's folder, or leave the setting out for the default")
+        return value
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _known_log_level(cls, value: Any) -> Any:
@@ -289,24 +299,29 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Se
     try:
         settings = Settings(**merged)
     except ValidationError as exc:
-        raise _settings_error(exc) from None
+        raise _settings_error(exc, [k for k, v in overrides.items() if v is not None]) from None
     settings.store = settings.store.expanduser()
     return settings
 
 
-def _settings_error(exc: ValidationError) -> ConfigError:
-    """One ConfigError naming each bad setting as RESEARCH_AGENT_<NAME> (name in a config file) with what was
-    given and what is allowed; the guidance lists the places a value can come from."""
+def _settings_error(exc: ValidationError, flags: Iterable[str] = ()) -> ConfigError:
+    """One ConfigError naming each bad setting as RESEARCH_AGENT_<NAME> (name in a config file), or as its CLI flag
+    when one of `flags` (the settings given by flags) set it, with what was given and what is allowed; the
+    guidance lists the places a value can come from."""
     problems, names = [], []
     for error in exc.errors():
         field = str(error["loc"][0]) if error["loc"] else "thresholds"
         env = ENV_PREFIX + field.upper() if error["loc"] else "RESEARCH_AGENT_THRESHOLD_*"
+        if field in flags:
+            env = "--" + field.replace("_", "-")
         given = f" (got {error['input']!r})" if error["loc"] and not isinstance(error["input"], dict) else ""
         message = error["msg"].removeprefix("Value error, ")
         problems.append(f"{env} ({field}): {message}{given}")
         names.append(env)
-    return ConfigError(
-        f"Invalid settings: {'; '.join(problems)}",
-        guidance=f"Fix {', '.join(dict.fromkeys(names))} in the environment, a .env file (the working directory's "
-                 f"or {user_dotenv_file()}) or the config file; docs/configuration.md lists each setting's range.",
-    )
+    flagged = [n for n in dict.fromkeys(names) if n.startswith("--")]
+    others = [n for n in dict.fromkeys(names) if not n.startswith("--")]
+    places = ([f"Fix {', '.join(flagged)} on the command line"] if flagged else []) + (
+        [f"Fix {', '.join(others)} in the environment, a .env file (the working directory's or "
+         f"{user_dotenv_file()}) or the config file"] if others else [])
+    return ConfigError(f"Invalid settings: {'; '.join(problems)}",
+                       guidance=f"{'; '.join(places)}; docs/configuration.md lists each setting's range.")

@@ -376,7 +376,7 @@ def test_serve_passes_global_options_to_mcp_server(monkeypatch, tmp_path):
     result = cli("--store", tmp_path / "s", "--config", config, "-v", "serve", "--transport", "http", "--port", "9001")
     assert result.exit_code == 0, result.output
     assert calls == [{"transport": "http", "host": None, "port": 9001, "config_file": config,
-                      "settings_overrides": {"store": tmp_path / "s", "log_level": "INFO"}}]
+                      "settings_overrides": {"store": str(tmp_path / "s"), "log_level": "INFO"}}]
 
 
 @pytest.mark.parametrize("path", _all_command_paths(), ids=lambda p: " ".join(p) or "root")

@@ -190,3 +190,28 @@ def test_a_dotenv_that_is_not_utf8_is_a_config_error_naming_the_file(where):
         load_settings()
     assert str(path.resolve()) in str(err.value) or str(path) in str(err.value)
     assert "UTF-8" in str(err.value) and "UTF-8" in err.value.data["guidance"]
+
+
+@pytest.mark.parametrize("where", ["flag", "config file"])
+def test_an_empty_store_setting_is_a_config_error_not_the_working_directory(tmp_path, where):
+    """`--store "$STORE"` with STORE unset (or `store: ""` in a config file) meant the working directory: a
+    `collections create` wrote a Chroma store into the checkout. Now: exit 3, a coded error naming the setting,
+    nothing written. (An empty RESEARCH_AGENT_STORE stays unset, as every empty variable is.)"""
+    import json
+    import subprocess
+    import sys
+
+    work = tmp_path / "checkout"
+    work.mkdir()
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("RESEARCH_AGENT_")}
+    env.update(HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_DATA_HOME=str(tmp_path / "data"))
+    args = ["--store", ""] if where == "flag" else ["--config", str(tmp_path / "c.yaml")]
+    (tmp_path / "c.yaml").write_text('store: ""\n', encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "research_agent", "--json", *args, "collections", "create", "notes"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    error = json.loads(proc.stderr.strip().splitlines()[-1])["error"]
+    assert error["type"] == "ConfigError" and error["code"] == -32001 and "store" in error["message"].lower(), error
+    assert "Traceback" not in proc.stderr
+    assert list(work.iterdir()) == [] and not (tmp_path / "data").exists()

@@ -15,7 +15,7 @@ import typer
 class CliState:
     json: bool = False
     config_file: Path | None = None
-    store: Path | None = None
+    store: str | Path | None = None
     chroma_host: str | None = None
     chroma_port: int | None = None
     verbose: int = 0
