@@ -193,3 +193,11 @@ def make_node(nid: str, parent: str | None = None, children=(), tokens: int = 60
                        last_checked=None, labels=[], description="")
     n.children, n.own_tokens = list(children), tokens
     return n
+
+
+def make_manifest(document: str, content_hash: str = "h", chunk_count: int = 1, **fields) -> dict:
+    """A document manifest with every field readers check (storage/registry.py `_manifest`), for logic tests."""
+    return {"document": document, "title": document, "kind": "document", "source": document, "path": None,
+            "content_hash": content_hash, "chunk_count": chunk_count, "updated_at": "2026-11-25T00:00:00+00:00",
+            "collection": fields.pop("collection", "kb"), "added_at": "2026-11-25T00:00:00+00:00", "extra": None,
+            **fields}

@@ -281,11 +281,21 @@ def _tamper(lines: list[dict[str, Any]], how: str) -> tuple[list[dict[str, Any]]
     if how == "lone surrogate":
         chunk["text"] = "\udcff"
         return lines, first_doc + 2
+    if how == "empty hash":  # its chunk ids made to match: imported, the manifest was one no read can use
+        from research_agent.storage.registry import chunk_ids
+
+        doc = lines[first_doc]["document"]
+        doc["content_hash"] = ""
+        ids = chunk_ids(lines[0]["collection"]["name"], doc["document"], "", doc["chunk_count"])
+        for offset, cid in enumerate(ids, start=1):
+            lines[first_doc + offset]["chunk"]["id"] = cid
+            lines[first_doc + offset]["chunk"]["metadata"]["content_hash"] = ""
+        return lines, first_doc + 1
     raise AssertionError(how)
 
 
 @pytest.mark.parametrize("how", ["format", "version", "foreign id", "other document", "repeated document",
-                                 "bad vector", "nested metadata", "lone surrogate"])
+                                 "bad vector", "nested metadata", "lone surrogate", "empty hash"])
 def test_hostile_files_are_refused_at_their_line(fake_embedder, container, tmp_path, how):
     c = container
     create_collection(c, "kb1")

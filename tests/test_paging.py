@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import pytest
 
+from conftest import make_manifest
 from research_agent.storage import chunks, registry
 
 
@@ -106,8 +107,7 @@ def test_a_scan_survives_deletes_behind_and_ahead_and_inserts(chroma_server, mon
 def _put_manifests(c, n: int) -> list[str]:
     """n manifests of collection "kb" (documents d000.md, ...) in the registry; returns the document names."""
     docs = [f"d{i:03d}.md" for i in range(n)]
-    c.store.registry_put({registry.document_key("kb", d): {"document": d, "content_hash": "h", "chunk_count": 1}
-                          for d in docs}, registry.DOCUMENT, "kb")
+    c.store.registry_put({registry.document_key("kb", d): make_manifest(d) for d in docs}, registry.DOCUMENT, "kb")
     return docs
 
 

@@ -267,3 +267,60 @@ def test_malformed_intents_on_a_server_crash_no_write_doctor_or_reindex_drain(tm
         assert set(version_ids(collection, c.store.registry_find("document", collection).values())) == present
     finally:
         c.close()
+
+
+#: Manifests no read can use: before, one of them made listing, queries, doctor and every ingest of the collection
+#: fail "Unexpected failure" (KeyError, ValidationError, TypeError), and a chunk count of 2**40 made a reader build
+#: a trillion chunk ids. Every field has been written by every version since the first.
+MANIFEST = {"document": "docs/d1.txt", "title": "d1", "kind": "document", "source": "docs/d1.txt",
+            "path": "/x/docs/d1.txt", "content_hash": "b" * 64, "chunk_count": 1, "updated_at": "2026-11-25T00:00:00+00:00",
+            "collection": "kbase", "added_at": "2026-11-25T00:00:00+00:00", "extra": None}
+BAD_MANIFESTS = {
+    "hash missing": {k: v for k, v in MANIFEST.items() if k != "content_hash"},
+    "hash empty": {**MANIFEST, "content_hash": ""},
+    "document missing": {k: v for k, v in MANIFEST.items() if k != "document"},
+    "document int": {**MANIFEST, "document": 7},
+    "chunk count text": {**MANIFEST, "chunk_count": "1"},
+    "chunk count 2**40": {**MANIFEST, "chunk_count": 2**40},
+    "chunk count negative": {**MANIFEST, "chunk_count": -3},
+    "title missing": {k: v for k, v in MANIFEST.items() if k != "title"},
+    "kind null": {**MANIFEST, "kind": None},
+    "source list": {**MANIFEST, "source": ["a"]},
+    "updated_at missing": {k: v for k, v in MANIFEST.items() if k != "updated_at"},
+    "path int": {**MANIFEST, "path": 5},
+}
+
+
+@pytest.mark.parametrize("name", BAD_MANIFESTS)
+def test_a_malformed_manifest_is_skipped_named_by_doctor_and_replaced_by_the_next_ingest(tmp_path, name):
+    """A garbled manifest (anyone who can write to a Chroma server can make one) costs only its own document: the
+    other documents list and answer, doctor names the record and is not healthy, and ingesting the file again
+    writes a good manifest over it."""
+    from research_agent.catalog.collections import create_collection
+    from research_agent.ingest.documents import list_documents
+    from research_agent.ingest.service import ingest_path
+    from research_agent.ops.doctor import run_doctor
+    from research_agent.search.service import query_knowledge
+
+    c = open_store(tmp_path / "store")
+    try:
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        for i in range(2):
+            (docs / f"d{i}.txt").write_text(f"document d{i} first version wordd{i}x alpha beta\n")
+        create_collection(c, "kbase")
+        ingest_path(c, docs, "kbase", recursive=True)
+        [key] = [k for k, m in c.store.registry_find("document", "kbase").items() if m["document"].endswith("d1.txt")]
+        _put_raw(c, key, "document", BAD_MANIFESTS[name], "kbase")
+
+        assert [d.document for d in list_documents(c, "kbase").documents] == ["docs/d0.txt"]
+        hits = query_knowledge(c, "wordd0x", collections=["kbase"], mode="keyword", rerank=False).results
+        assert hits and hits[0].source_document == "docs/d0.txt"
+        report = run_doctor(c)
+        assert not report.healthy and any(key in a for a in report.advice), report.advice
+        assert ingest_path(c, docs, "kbase", recursive=True).files_seen == 2
+        manifests = c.store.registry_find("document", "kbase")
+        assert sorted(m["document"] for m in manifests.values()) == ["docs/d0.txt", "docs/d1.txt"]
+        assert c.store.registry_malformed() == []
+    finally:
+        c.close()

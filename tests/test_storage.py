@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from conftest import make_manifest
 from research_agent.storage import chunks, registry
 
 COLL = "paged"
@@ -48,7 +49,7 @@ def test_a_chunk_is_visible_only_if_its_manifest_names_its_content_hash(containe
     with c.store.write_lock():
         col = _collection(c, [("a-new-0", "a.md", "h1"), ("a-old-0", "a.md", "h0"), ("b-0", "b.md", "h2"),
                               ("a-new-1", "a.md", "h1"), ("c-0", "c.md", "h3")])
-        c.store.registry_put({registry.document_key(COLL, d): {"document": d, "content_hash": h}
+        c.store.registry_put({registry.document_key(COLL, d): make_manifest(d, h, collection=COLL)
                               for d, h in (("a.md", "h1"), ("c.md", "h3"))}, registry.DOCUMENT, COLL)
     visible = list(chunks.visible_chunks(c.store, COLL, col, embeddings=True))
     assert sorted(v[0] for v in visible) == ["a-new-0", "a-new-1", "c-0"]

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from research_agent.catalog import projects
 from research_agent.catalog.collections import create_collection, delete_collection, now_iso, open_collection
@@ -127,12 +127,12 @@ class _Header(_Strict):
 
 
 class _Manifest(_Strict):
-    document: str
+    document: str = Field(min_length=1)  # empty, the manifest is one no read can use (storage/registry.py _manifest)
     title: str
     kind: Literal["document", "research", "note", "record", "web"]  # every kind ingest writes
     source: str
     path: str | None = None
-    content_hash: str
+    content_hash: str = Field(min_length=1)
     chunk_count: int
     extra: dict[str, Any] | None = None
 

@@ -386,16 +386,18 @@ def run_doctor(c: Container, repair: bool = False, *, repaired: bool = False) ->
 
 
 def _garbled_records(c: Container) -> list[str]:
-    """Advice on registry records no read can use (not a JSON object: every read skips them with a warning). Never
-    repaired here: a garbled project or manifest may be someone's to restore, so doctor names them (repr: a key is
-    anyone's text) and leaves them; lease records are reported with the leases."""
+    """Advice on registry records no read can use (storage/registry.py `decode_record`: every read skips them with a
+    warning). Never repaired here: a garbled project or manifest may be someone's to restore, so doctor names them
+    (repr: a key is anyone's text) and leaves them; lease records are reported with the leases."""
     keys = [k for k in c.store.registry_malformed() if not k.startswith("lease:")]
     if not keys:
         return []
     shown = ", ".join(repr(k) for k in keys[:MISSING_EXAMPLES]) + (", ..." if len(keys) > MISSING_EXAMPLES else "")
     return [f"{len(keys)} registry record{'s' if len(keys) != 1 else ''} that no read can use ({shown}): every "
             "read skips them; restore them from a backup or delete them by id in Chroma's research-agent-meta "
-            "collection (doctor never deletes them)"]
+            "collection (doctor never deletes them)"
+            + ("; a document's manifest ('document:...') is also replaced by ingesting its file again"
+               if any(k.startswith("document:") for k in keys) else "")]
 
 
 def _fixable(ch: CollectionCheck, repaired: bool) -> bool:

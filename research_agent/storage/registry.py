@@ -9,7 +9,8 @@ built here, by one function per kind: six modules used to spell them out themsel
 `_connect_lock`, and the Store forgets `_meta` whenever it reopens the client.
 
 Every read decodes through `decode_record`: a record whose document is not a JSON object, an intent whose
-versions recovery cannot act on (`parse_intent`), or a change record without its integer `at` is malformed.
+versions recovery cannot act on (`parse_intent`), a manifest missing a field readers use (`_manifest`), or a
+change record without its integer `at` is malformed.
 Reads skip it with one warning naming its key (anyone who can write to a Chroma server can make one; it made
 every command fail) and never delete it: `registry_malformed` lists them, and recovery removes a malformed
 intent of its collection (storage/leases.py `remove_malformed_intents`).
@@ -144,7 +145,22 @@ def decode_record(key: Any, doc: Any, kind: str | None = None) -> dict[str, Any]
         return None
     if str(key).startswith(f"{CHANGE}:") and type(record.get("at")) is not int:
         return None  # sorted by it (changes_since)
+    if (str(key).startswith(f"{DOCUMENT}:") or kind == DOCUMENT) and not _manifest(record):
+        return None
     return record
+
+
+#: A manifest's text fields, written by every version since the first (`path` may be null: notes, research).
+MANIFEST_TEXT = ("title", "kind", "source", "updated_at")
+
+
+def _manifest(record: dict[str, Any]) -> bool:
+    """A manifest readers can use: its version (`_version_entry`: document, content hash, a chunk count of at most
+    CHUNKS_MAX), its text fields strings, its path a string or null. A garbled one raised KeyError, TypeError or
+    a ValidationError in listing, queries, doctor and every ingest of its collection, and a chunk count of 2**40
+    made a reader build that many chunk ids."""
+    return _version_entry(record) and all(isinstance(record.get(f), str) for f in MANIFEST_TEXT) \
+        and (record.get("path") is None or isinstance(record["path"], str))
 
 
 #: Keys already warned about by this process: a malformed record is named once, not by every read.
