@@ -273,8 +273,9 @@ def test_malformed_intents_on_a_server_crash_no_write_doctor_or_reindex_drain(tm
 #: fail "Unexpected failure" (KeyError, ValidationError, TypeError), and a chunk count of 2**40 made a reader build
 #: a trillion chunk ids. Every field has been written by every version since the first.
 MANIFEST = {"document": "docs/d1.txt", "title": "d1", "kind": "document", "source": "docs/d1.txt",
-            "path": "/x/docs/d1.txt", "content_hash": "b" * 64, "chunk_count": 1, "updated_at": "2026-11-25T00:00:00+00:00",
-            "collection": "kbase", "added_at": "2026-11-25T00:00:00+00:00", "extra": None}
+            "path": "/x/docs/d1.txt", "content_hash": "b" * 64, "chunk_count": 1,
+            "updated_at": "2026-11-25T00:00:00+00:00", "collection": "kbase", "added_at": "2026-11-25T00:00:00+00:00",
+            "extra": None}
 BAD_MANIFESTS = {
     "hash missing": {k: v for k, v in MANIFEST.items() if k != "content_hash"},
     "hash empty": {**MANIFEST, "content_hash": ""},
@@ -321,6 +322,44 @@ def test_a_malformed_manifest_is_skipped_named_by_doctor_and_replaced_by_the_nex
         assert ingest_path(c, docs, "kbase", recursive=True).files_seen == 2
         manifests = c.store.registry_find("document", "kbase")
         assert sorted(m["document"] for m in manifests.values()) == ["docs/d0.txt", "docs/d1.txt"]
+        assert c.store.registry_malformed() == []
+    finally:
+        c.close()
+
+
+PROJECT = {"name": "proj1", "description": "", "collections": ["kbase"], "default_collections": [],
+           "created_at": "2026-11-25T00:00:00+00:00"}
+BAD_PROJECTS = {
+    "fields missing": {"name": "proj1"},
+    "collections text": {**PROJECT, "collections": "kbase"},
+    "defaults int": {**PROJECT, "default_collections": 5},
+    "collection names not text": {**PROJECT, "collections": [1, None]},
+    "name int": {**PROJECT, "name": 7},
+    "description null": {**PROJECT, "description": None},
+}
+
+
+@pytest.mark.parametrize("name", BAD_PROJECTS)
+def test_a_malformed_project_is_skipped_named_by_doctor_and_can_be_created_again(tmp_path, name):
+    """`projects list` failed "Unexpected failure" (ValidationError) on one garbled project record; now the others
+    list, doctor names it, and creating the project again writes a good record over it."""
+    from research_agent.catalog.collections import create_collection
+    from research_agent.catalog.projects import create_project, get_project_info, list_projects
+    from research_agent.errors import ResearchAgentError
+    from research_agent.ops.doctor import run_doctor
+
+    c = open_store(tmp_path / "store")
+    try:
+        create_collection(c, "kbase")
+        create_project(c, "proj0")
+        _put_raw(c, "project:proj1", "project", BAD_PROJECTS[name])
+        assert [p.name for p in list_projects(c).projects] == ["proj0"]
+        with pytest.raises(ResearchAgentError):
+            get_project_info(c, "proj1")
+        report = run_doctor(c)
+        assert not report.healthy and any("'project:proj1'" in a for a in report.advice), report.advice
+        create_project(c, "proj1")
+        assert [p.name for p in list_projects(c).projects] == ["proj0", "proj1"]
         assert c.store.registry_malformed() == []
     finally:
         c.close()

@@ -28,7 +28,9 @@ def test_the_paging_loop_reads_every_record_across_page_boundaries(container, mo
     c = container
     with c.store.write_lock():
         col = _collection(c, [(f"id{i:02d}", "a.md", "h1") for i in range(10)])
-        c.store.registry_put({registry.project_key(f"p{i}"): {"name": f"p{i}"} for i in range(7)}, registry.PROJECT)
+        c.store.registry_put({registry.project_key(f"p{i}"): {"name": f"p{i}", "description": "", "collections": [],
+                                                             "default_collections": [], "created_at": "2026-11-25"}
+                              for i in range(7)}, registry.PROJECT)
     ids = [rec[0] for rec in chunks.records(col, ["documents"])]
     assert sorted(ids) == [f"id{i:02d}" for i in range(10)]
     assert chunks.all_ids(col) == set(ids)

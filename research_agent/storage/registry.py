@@ -9,11 +9,11 @@ built here, by one function per kind: six modules used to spell them out themsel
 `_connect_lock`, and the Store forgets `_meta` whenever it reopens the client.
 
 Every read decodes through `decode_record`: a record whose document is not a JSON object, an intent whose
-versions recovery cannot act on (`parse_intent`), a manifest missing a field readers use (`_manifest`), or a
-change record without its integer `at` is malformed.
-Reads skip it with one warning naming its key (anyone who can write to a Chroma server can make one; it made
-every command fail) and never delete it: `registry_malformed` lists them, and recovery removes a malformed
-intent of its collection (storage/leases.py `remove_malformed_intents`).
+versions recovery cannot act on (`parse_intent`), a manifest or project missing a field readers use
+(`_manifest`, `_project`), or a change record without its integer `at` is malformed. Reads skip it with one
+warning naming its key (anyone who can write to a Chroma server can make one; it made every command fail) and
+never delete it: `registry_malformed` lists them, and recovery removes a malformed intent of its collection
+(storage/leases.py `remove_malformed_intents`).
 """
 
 from __future__ import annotations
@@ -147,7 +147,17 @@ def decode_record(key: Any, doc: Any, kind: str | None = None) -> dict[str, Any]
         return None  # sorted by it (changes_since)
     if (str(key).startswith(f"{DOCUMENT}:") or kind == DOCUMENT) and not _manifest(record):
         return None
+    if (str(key).startswith(f"{PROJECT}:") or kind == PROJECT) and not _project(record):
+        return None
     return record
+
+
+def _project(record: dict[str, Any]) -> bool:
+    """A project readers can use: name, description and date strings, its collections and defaults lists of names
+    (every version since the first wrote them all); one without them failed `projects list` (ValidationError)."""
+    return all(isinstance(record.get(f), str) for f in ("name", "description", "created_at")) and bool(record["name"]) \
+        and all(isinstance(record.get(f), list) and all(isinstance(n, str) for n in record[f])
+                for f in ("collections", "default_collections"))
 
 
 #: A manifest's text fields, written by every version since the first (`path` may be null: notes, research).
