@@ -149,6 +149,52 @@ def test_cli_query_through_a_running_server_equals_the_in_process_run(served_sto
     assert _socket(runtime_dir) is None  # removed on exit
 
 
+DISCOVERIES = [
+    ["discover", "install the package on linux"],
+    ["discover", "configure the server", "--task-type", "implement", "--current-file", "docs/install.md",
+     "--max-results", "3", "--collections", "docs"],
+]
+DISCOVERY_ERRORS = [
+    ["discover", "anything", "--collections", "no-such-collection"],  # CollectionError, exit 4
+    ["discover", "   "],  # QueryError (empty task), exit 6
+]
+
+
+def test_cli_discover_through_a_running_server_equals_the_in_process_run(served_store, runtime_dir):
+    """`research-agent discover` is answered by the server as `query` is (it loads the same embedding model, ~4 s
+    of a new process): equal --json output but the timings, the message in the CLI's words either way, equal
+    coded errors and exit codes, equal human output."""
+    from research_agent.mcp.local_socket import SERVICES
+    from research_agent.search.local_server import OPS
+
+    assert set(SERVICES) == OPS
+    root, work = served_store, served_store / "work"
+    s = _start(root, runtime_dir)
+    try:
+        _wait_for_socket(runtime_dir)
+        env = _env(root, runtime_dir)
+        for args in DISCOVERIES:
+            local = _cli({**env, "RESEARCH_AGENT_LOCAL_SERVER": "off"}, work, "--json", "-v", *args)
+            served = _served(env, work, args)
+            assert local.returncode == served.returncode == 0, (args, local.stderr, served.stderr)
+            assert _without_timings(served.stdout) == _without_timings(local.stdout), args
+            out = json.loads(served.stdout)
+            assert out["recommendations"], args
+            assert "retrieve_knowledge" not in out["message"], out["message"]  # the CLI's words, not an agent's
+        for args in DISCOVERY_ERRORS:
+            local = _cli({**env, "RESEARCH_AGENT_LOCAL_SERVER": "off"}, work, "--json", *args)
+            served = _cli(env, work, "--json", "-v", *args)
+            assert SERVED in served.stderr, (args, _route(served.stderr))
+            assert local.returncode == served.returncode != 0, (args, local.stderr, served.stderr)
+            assert _error_line(served.stderr) == _error_line(local.stderr), args
+            assert served.stdout == local.stdout == ""
+        local = _cli({**env, "RESEARCH_AGENT_LOCAL_SERVER": "off"}, work, *DISCOVERIES[0])
+        served = _cli(env, work, "-v", *DISCOVERIES[0])
+        assert SERVED in served.stderr and served.stdout == local.stdout and local.stdout.strip()
+    finally:
+        _stop(s)
+
+
 def _served(env: dict[str, str], work: Path, args: list[str], tries: int = 60) -> subprocess.CompletedProcess[str]:
     """The query through the server: until its warm-up is done the server declines (the CLI runs it itself)."""
     for _ in range(tries):
@@ -366,3 +412,24 @@ def test_on_a_bfloat16_cpu_socket_calls_rerank_as_a_cli_process_does(monkeypatch
             st.close()
 
     anyio.run(check)
+
+
+def test_relative_paths_in_settings_count_as_the_files_they_name(tmp_path, monkeypatch):
+    """A relative boosts file or model folder names a different file in a CLI's working directory than in the
+    server's: those fingerprints differ (the server would have answered with its own file's boosts or model); the
+    same absolute path, or a model name that is no folder, gives one fingerprint wherever the CLI runs."""
+    from research_agent.config import Settings
+    from research_agent.search.local_server import fingerprint
+
+    for name in ("a", "b"):
+        (tmp_path / name / "models" / "m").mkdir(parents=True)
+        (tmp_path / name / "boosts.yaml").write_text("default: 1.0\n")
+    relative = Settings(store=tmp_path / "store", discovery_boosts_file=Path("boosts.yaml"),
+                        embedding_model="models/m", reranker_model="models/m")
+    absolute = Settings(store=tmp_path / "store", discovery_boosts_file=tmp_path / "a" / "boosts.yaml")
+    seen = {}
+    for name in ("a", "b"):
+        monkeypatch.chdir(tmp_path / name)
+        seen[name] = (fingerprint(relative), fingerprint(absolute))
+    assert seen["a"][0] != seen["b"][0]
+    assert seen["a"][1] == seen["b"][1]

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from research_agent.cli import render
-from research_agent.cli.state import get_state, split_names
+from research_agent.cli.state import Dumped, get_state, served_result, split_names
 from research_agent.cli.terminal import escape, printable
 
 TaskType = Literal["implement", "debug", "refactor", "document", "review", "design", "test"]
@@ -35,13 +35,27 @@ def discover(
 
       research-agent --json discover "Fix the flaky login test" --current-file tests/test_login.py
     """
-    from research_agent.discovery import discover_context
-
     if collections is not None and project is not None:
         raise typer.BadParameter("pass either --collections or --project, not both", param_hint="'--project'")
     state = get_state(ctx)
-    result = state.read(discover_context, task, task_type=task_type, current_file=current_file,
-                        max_results=max_results, collections=split_names(collections), project=project)
+    args = dict(task_type=task_type, current_file=current_file, max_results=max_results,
+                collections=split_names(collections), project=project)
+    # Asked of a long-lived MCP server on this store first, as `query` is (cli/query.py): it has the embedding
+    # model loaded, which a new process spends most of its ~4 s on.
+    served = state.served("discover", query=task, **args)
+    checked = served if served is None or state.json else served_result(served, "discover")
+    if checked is not None:
+        if state.json:
+            from research_agent.guidance import for_face
+
+            render.emit(state, Dumped({**served, "message": for_face(str(served.get("message", "")), "cli")}),
+                        _discovery)
+        else:
+            render.emit(state, _in_cli_words(checked), _discovery)
+        return
+    from research_agent.discovery import discover_context
+
+    result = state.read(discover_context, task, **args)
     render.emit(state, _in_cli_words(result), _discovery)
 
 

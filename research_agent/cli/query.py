@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 import typer
 
 from research_agent.cli import render
 from research_agent.cli.inputs import read_stdin
-from research_agent.cli.state import Dumped, get_state, split_names
+from research_agent.cli.state import Dumped, get_state, served_result, split_names
 
 
 def query(
@@ -77,7 +77,7 @@ def query(
     served = state.served("query", query=text, **args)
     # The answer comes from a server running this very code (local_server checks the hash of the code), so
     # `--json` prints it as it is; human output renders this code's QueryResult (None: not one, run here instead).
-    checked = served if served is None or state.json else _query_result(served)
+    checked = served if served is None or state.json else served_result(served, "query")
     if checked is not None:
         render.emit(state, Dumped(served) if state.json else checked, render.query_result)
         return
@@ -92,24 +92,6 @@ def query(
     c.wait_for_store()
     result = state.read(query_knowledge, text, **args)
     render.emit(state, result, render.query_result)
-
-
-def _query_result(data: Any) -> Any:
-    """A local server's answer as this code's QueryResult, or None (logged at INFO) when it is not one: a server
-    running other code (the fingerprint's code hash makes that rare) is then passed over, not shown."""
-    import logging
-
-    from pydantic import ValidationError
-
-    from research_agent.search.service import QueryResult
-
-    try:
-        return QueryResult.model_validate(data)
-    except ValidationError as exc:
-        logging.getLogger("research_agent.local_server").info(
-            "query runs in this process: the local server's answer is not this version's result (%s)",
-            str(exc).splitlines()[0][:200])
-        return None
 
 
 def _context(text: str | None, file: Path | None) -> str | None:

@@ -69,6 +69,25 @@ class CliState:
             self._container = None
 
 
+def served_result(data: Any, op: str) -> Any:
+    """A local server's answer to `op` as this code's result model (QueryResult, DiscoveryResult), or None (logged
+    at INFO) when it is not one: a server running other code (the fingerprint's code hash makes that rare) is
+    then passed over, not shown."""
+    from pydantic import ValidationError
+
+    if op == "query":
+        from research_agent.search.service import QueryResult as Model
+    else:
+        from research_agent.discovery.models import DiscoveryResult as Model
+    try:
+        return Model.model_validate(data)
+    except ValidationError as exc:
+        logging.getLogger("research_agent.local_server").info(
+            "%s runs in this process: the local server's answer is not this version's result (%s)", op,
+            str(exc).splitlines()[0][:200])
+        return None
+
+
 class Dumped:
     """A result already in its JSON shape (a local server's answer): what render.emit prints under --json, without
     importing the service module to rebuild its model."""

@@ -35,6 +35,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from research_agent.discovery import discover_context
 from research_agent.errors import ResearchAgentError
 from research_agent.mcp import launch
 from research_agent.mcp.calls import Calls
@@ -54,6 +55,7 @@ MAX_CONNECTIONS = 32
 #: The operations the socket serves: the service function and the call policy named as the MCP tool it mirrors.
 SERVICES: dict[str, tuple[Callable[..., Any], Calls]] = {
     "query": (query_knowledge, Calls("query_knowledge_base")),
+    "discover": (discover_context, Calls("discover_context")),
 }
 
 

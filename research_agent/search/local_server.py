@@ -1,6 +1,7 @@
 """The local query socket (issues 12 and 16): a long-lived MCP server on an embedded store answers `research-agent
-query` from the same user's other processes over a Unix socket, so a CLI query skips loading Chroma's index and
-the models (4.1-5.4 s at 1M chunks) and reads what the server's freshness watcher has already caught up.
+query` and `research-agent discover` (OPS) from the same user's other processes over a Unix socket, so they skip
+loading Chroma's index and the models (a query: 4.1-5.4 s at 1M chunks) and read what the server's freshness
+watcher has already caught up.
 
 This module is the protocol and the CLI's side of it, on the standard library only: the CLI knows whether a server
 answers before it imports chromadb, numpy or torch. The server's side is research_agent/mcp/local_socket.py.
@@ -28,8 +29,8 @@ always did. Only an error about the request itself is the answer (`request_error
 collection/document/query error, e.g. an unknown collection or an empty query); an error about the server's own
 store or settings (ConfigError, StoreUnavailableError: its store folder deleted or replaced) or anything retryable
 means the CLI runs it here, where the store is opened afresh. The server sends `fallback` for those, and the CLI
-checks again (defence in depth); the CLI also reruns an answer that does not validate as its QueryResult
-(cli/query.py).
+checks again (defence in depth); the CLI also reruns an answer that does not validate as its result model
+(cli/state.py `served_result`).
 """
 
 from __future__ import annotations
@@ -78,8 +79,12 @@ IGNORED_SETTINGS = frozenset({
     "url_allowed_hosts", "url_max_mb", "url_timeout", "max_file_mb", "max_pdf_mb", "max_files_per_run",
     "local_server",
 })
-#: What the socket answers: the read-only operations (the server half maps each to its service and call policy).
-OPS = frozenset({"query"})
+#: Settings that may name a file or folder (a model may also be a hub name): hashed as the resolved path when one
+#: exists, so a relative one counts as the file it names from the CLI's working directory.
+PATH_SETTINGS = ("discovery_boosts_file", "embedding_model", "reranker_model")
+#: What the socket answers: the read-only operations that load models (the server half, mcp/local_socket.py
+#: SERVICES, maps each to its service and call policy; tests/test_local_server.py checks they agree).
+OPS = frozenset({"query", "discover"})
 _MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108 on Linux (107 and a NUL), kept clear of it
 
 
@@ -89,6 +94,10 @@ def fingerprint(settings: Settings) -> str:
     values = settings.model_dump(mode="json")
     relevant = {k: v for k, v in values.items() if k not in IGNORED_SETTINGS}
     relevant["store"] = str(Path(settings.store).expanduser().resolve())
+    for name in PATH_SETTINGS:  # a relative path names another file in the server's working directory
+        value = values.get(name)
+        if isinstance(value, str) and value and Path(value).expanduser().exists():
+            relevant[name] = str(Path(value).expanduser().resolve())
     relevant["_version"], relevant["_protocol"], relevant["_code"] = __version__, PROTOCOL, code_hash()
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
 
