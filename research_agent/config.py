@@ -191,9 +191,32 @@ class Settings(BaseModel):
     @classmethod
     def _store_given(cls, value: Any) -> Any:
         """An empty store (`--store "$STORE"` with STORE unset, `store: ""` in a file) is a mistake, not the working
-        directory, where a write created a Chroma store. Unset (None, or an empty variable) means the default."""
+        directory, where a write created a Chroma store. Unset (None: `store:` left blank in YAML, or an empty
+        variable) means the default."""
+        if value is None:
+            return default_store_path()
         if isinstance(value, str) and not value.strip():
             raise ValueError("is empty: give the store's folder, or leave the setting out for the default")
+        return value
+
+    @field_validator("chroma_host", mode="before")
+    @classmethod
+    def _host_alone(cls, value: Any) -> Any:
+        """A host name or address and nothing else. Empty (`--chroma-host "$HOST"` with HOST unset) silently meant
+        the embedded store; a scheme or a port made URLs like http://http://x:8000 that failed as "unreachable"."""
+        if not isinstance(value, str):
+            return value
+        if not value.strip():
+            raise ValueError("is empty: give the Chroma server's host name or address, or leave the setting out "
+                             "for the embedded store")
+        if "://" in value or "/" in value:
+            raise ValueError("must be a host name or address alone, no scheme or path (e.g. 127.0.0.1)")
+        if any(ch.isspace() for ch in value):
+            raise ValueError("must be a host name or address, without spaces")
+        host, sep, port = value.rpartition(":")
+        if sep and port.isdigit() and (":" not in host or host.startswith("[") and host.endswith("]")):
+            raise ValueError(f"holds a port: give the host alone ({host}) and the port as --chroma-port / "
+                             "RESEARCH_AGENT_CHROMA_PORT")
         return value
 
     @field_validator("log_level", mode="before")
@@ -273,6 +296,9 @@ def _file_layer(path: Path, explicit: bool) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"Config file {path} is not valid YAML: {exc}", guidance="Fix the YAML syntax.") from None
+    except OSError as exc:  # a folder (`--config ''` is the working directory to Typer), unreadable, ...
+        raise ConfigError(f"Cannot read the config file {path}: {exc.strerror or exc}",
+                          guidance="Pass a readable YAML file to --config (RESEARCH_AGENT_CONFIG).") from None
     if not isinstance(data, dict):
         raise ConfigError(f"Config file {path} must hold a mapping of setting: value.")
     unknown = sorted(set(data) - set(Settings.model_fields))
@@ -286,8 +312,12 @@ def _file_layer(path: Path, explicit: bool) -> dict[str, Any]:
 
 def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
     """Build Settings from every layer; `overrides` are CLI flags (None means not given)."""
+    if config_file is not None and not str(config_file).strip():
+        raise ConfigError("--config is empty", guidance="Pass a YAML file to --config, or leave it out for "
+                          f"{default_config_file()}.")
     explicit = config_file is not None or bool(os.environ.get(ENV_PREFIX + "CONFIG"))
-    path = Path(config_file or os.environ.get(ENV_PREFIX + "CONFIG") or default_config_file()).expanduser()
+    path = _expanded(Path(config_file or os.environ.get(ENV_PREFIX + "CONFIG") or default_config_file()),
+                     "--config" if config_file is not None else ENV_PREFIX + "CONFIG")
     user_env, workspace_env = user_dotenv_file(), Path.cwd() / ".env"
     merged: dict[str, Any] = {}
     merged.update(_without_launch_settings(_file_layer(path, explicit), path))
@@ -300,8 +330,20 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Se
         settings = Settings(**merged)
     except ValidationError as exc:
         raise _settings_error(exc, [k for k, v in overrides.items() if v is not None]) from None
-    settings.store = settings.store.expanduser()
+    settings.store = _expanded(settings.store, "--store" if overrides.get("store") is not None
+                               else ENV_PREFIX + "STORE")
     return settings
+
+
+def _expanded(path: Path, setting: str) -> Path:
+    """`path` with `~` and `~user` expanded; a user that does not exist is a ConfigError naming `setting` (it
+    raised RuntimeError: exit 1, "Unexpected failure")."""
+    try:
+        return path.expanduser()
+    except RuntimeError as exc:
+        raise ConfigError(f"Invalid settings: {setting}: {exc} (got {str(path)!r})",
+                          guidance=f"Fix {setting}: `~` alone is your home folder; `~name` needs a user of that "
+                                   "name on this machine.") from None
 
 
 def _settings_error(exc: ValidationError, flags: Iterable[str] = ()) -> ConfigError:

@@ -375,7 +375,7 @@ def test_serve_passes_global_options_to_mcp_server(monkeypatch, tmp_path):
     config = tmp_path / "c.yaml"
     result = cli("--store", tmp_path / "s", "--config", config, "-v", "serve", "--transport", "http", "--port", "9001")
     assert result.exit_code == 0, result.output
-    assert calls == [{"transport": "http", "host": None, "port": 9001, "config_file": config,
+    assert calls == [{"transport": "http", "host": None, "port": 9001, "config_file": str(config),
                       "settings_overrides": {"store": str(tmp_path / "s"), "log_level": "INFO"}}]
 
 

@@ -215,3 +215,45 @@ def test_an_empty_store_setting_is_a_config_error_not_the_working_directory(tmp_
     assert error["type"] == "ConfigError" and error["code"] == -32001 and "store" in error["message"].lower(), error
     assert "Traceback" not in proc.stderr
     assert list(work.iterdir()) == [] and not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--chroma-host", ""], "--chroma-host"),
+    (["--chroma-host", " "], "--chroma-host"),
+    (["--chroma-host", "http://127.0.0.1"], "no scheme"),
+    (["--chroma-host", "127.0.0.1:8000"], "--chroma-port"),
+    (["--chroma-host", "[::1]:8000"], "--chroma-port"),
+    (["--config", ""], "--config"),
+    (["--config", "."], "--config"),
+    (["--store", "~nosuchuser-here/x"], "--store"),
+])
+def test_flags_that_name_nothing_usable_are_config_errors(tmp_path, args, needle):
+    """Attack pass of 2026-11-25: `--chroma-host ''` silently used the embedded default store (a collection created
+    there); a scheme or port in the host made `http://http://x:8000`; `--config ''` (Typer's Path(".")) and a
+    folder exited 1 (IsADirectoryError); `~nosuchuser` exited 1 (RuntimeError). Each is now exit 3, a coded error
+    naming the flag, and nothing written."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    work = tmp_path / "checkout"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESEARCH_AGENT_")}
+    env.update(HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_DATA_HOME=str(tmp_path / "data"))
+    proc = subprocess.run([sys.executable, "-m", "research_agent", "--json", *args, "collections", "create", "notes"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
+    error = json.loads(proc.stderr.strip().splitlines()[-1])["error"]
+    assert error["type"] == "ConfigError" and needle in error["message"] + error["data"]["guidance"], error
+    assert list(work.iterdir()) == [] and not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("text", ["store:\n", "store: ~\n", "store: null\n"])
+def test_a_null_store_in_a_config_file_means_the_default(monkeypatch, tmp_path, text):
+    """YAML's null (`store:` left blank) is the setting left out: the default store, not a ValidationError."""
+    from research_agent.config import default_store_path
+
+    monkeypatch.delenv("RESEARCH_AGENT_STORE", raising=False)
+    (tmp_path / "c.yaml").write_text(text, encoding="utf-8")
+    assert load_settings(tmp_path / "c.yaml").store == default_store_path()

@@ -519,3 +519,36 @@ def test_a_writer_that_resolved_the_collection_before_a_reindex_writes_the_live_
         assert not c.store.registry_find("intent", collection), "an intent was left behind"
     finally:
         c.close()
+
+
+@pytest.mark.slow
+def test_deleting_a_collection_another_machine_reindexes_is_refused_and_a_dead_lease_blocks_nothing(tmp_path,
+                                                                                                    chroma_server,
+                                                                                                    fake_embedder):
+    """`collections delete` deleted the reindex's lease with the collection's records; the reindex's recovery then
+    took its own backup for a leftover and restored the deleted collection, with chunks no manifest names (attack
+    pass of 2026-11-25). While another process's reindex holds a live lease the delete is refused (retryable,
+    nothing deleted); a dead lease blocks nothing."""
+    from research_agent.catalog.collections import delete_collection
+    from research_agent.errors import StoreUnavailableError
+    from research_agent.storage.leases import LEASE, LEASE_SECONDS, lease_key
+
+    collection = _unique("del")
+    c = _open(chroma_server)
+    try:
+        _seed(c, tmp_path, collection, 2)
+        before = c.store.registry_find("document", collection)
+        other = {"started": time.time(), "renewed": time.time(), "host": "another-machine", "pid": 4242}
+        c.store.registry_put({lease_key(collection): other}, LEASE, collection)
+        with pytest.raises(StoreUnavailableError) as refused:
+            delete_collection(c, collection)
+        assert refused.value.data["retryable"] and "being reindexed" in refused.value.message
+        assert "nothing was deleted" in refused.value.message
+        assert c.store.has_collection(collection) and c.store.registry_find("document", collection) == before
+        assert c.store.registry_find("lease", collection), "the live reindex's lease was deleted"
+        c.store.registry_put({lease_key(collection): {**other, "renewed": time.time() - LEASE_SECONDS - 1}}, LEASE,
+                             collection)
+        assert delete_collection(c, collection).chunks_removed == 2
+        assert not c.store.has_collection(collection) and not c.store.registry_find("document", collection)
+    finally:
+        c.close()

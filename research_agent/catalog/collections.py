@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from research_agent.catalog import projects
 from research_agent.catalog.common import Deleted, now_iso, paginate
 from research_agent.errors import CollectionError
+from research_agent.storage.leases import check_no_reindex
 from research_agent.storage.store import validate_name
 
 if TYPE_CHECKING:
@@ -198,6 +199,10 @@ def delete_collection(c: Container, name: str) -> Deleted:
     if not c.store.exists:  # no store, no collection: not found before the write lock, which would create the store
         c.store.get_collection(name)  # (projects.require_project_before_write says why)
     with c.store.write_lock():
+        if c.settings.server_mode:
+            # Another process's live reindex: its lease went with the records, and its recovery then restored the
+            # deleted collection from its own backup, with chunks no manifest names.
+            check_no_reindex(c.store, name, "deleted")
         if c.store.has_collection(name):
             info = _info(c, c.store.get_collection(name), _project_links(c))
             c.store.delete_collection(name)

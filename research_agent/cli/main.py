@@ -8,7 +8,6 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -235,7 +234,8 @@ def _version(ctx: typer.Context, value: bool) -> None:
 def main(
     ctx: typer.Context,
     json_output: bool = typer.Option(False, "--json", help="Machine output: one JSON object on stdout."),
-    config: Optional[Path] = typer.Option(None, "--config", metavar="FILE", help="YAML config file."),
+    # Strings, not Paths: Typer turns "" into Path("."), and an empty value must reach the settings' checks.
+    config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help="YAML config file."),
     # A string, not a Path: Typer turns "" into Path("."), and an empty --store must reach the settings' check.
     store: Optional[str] = typer.Option(None, "--store", metavar="PATH", help="Embedded store folder."),
     chroma_host: Optional[str] = typer.Option(None, "--chroma-host", help="Use the Chroma server on this host."),

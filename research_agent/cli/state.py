@@ -14,7 +14,7 @@ import typer
 @dataclass
 class CliState:
     json: bool = False
-    config_file: Path | None = None
+    config_file: str | Path | None = None
     store: str | Path | None = None
     chroma_host: str | None = None
     chroma_port: int | None = None

@@ -48,6 +48,7 @@ from research_agent.mcp.launch import (
     loggable,
     starting,
     stop_exit_code,
+    stop_reason,
     stop_starting,
     watch_interrupts,
 )
@@ -457,7 +458,6 @@ def serve(server: Any) -> None:
     the wire `start_early` claimed, or claimed now)."""
     global _early
     wire, _early = _early or Wire(), None
-    import asyncio
 
     import anyio
 
@@ -468,14 +468,27 @@ def serve(server: Any) -> None:
         raise SystemExit(stop_exit_code() if interrupted() else INTERRUPTED_EXIT) from None
     except BaseException as exc:  # noqa: BLE001 - re-raised unless a stop signal ended the session
         # Cancelled by a stop signal, the session ends in CancelledError, or (the cancel meeting the SDK's stdin
-        # relay mid-send, seen under load) in an ExceptionGroup of anyio.BrokenResourceError: its clean-up has
-        # run either way, and a stopped server exits the signal's code, not 1 with a traceback.
+        # relay mid-send, seen under load) in an ExceptionGroup of anyio.BrokenResourceError: a stopped server
+        # exits the signal's code, not 1 with a traceback. Anything else (a clean-up that failed) is logged with
+        # its traceback first.
         if isinstance(exc, SystemExit) or not interrupted():
             raise
-        if not isinstance(exc, asyncio.CancelledError):
-            log.debug("the stopped session ended in %r", exc)
+        if not _ended_by_the_stop(exc):
+            log.warning("the server stopped (%s) and its session ended in an error", stop_reason(), exc_info=exc)
     if interrupted():
         raise SystemExit(stop_exit_code())
+
+
+def _ended_by_the_stop(exc: BaseException) -> bool:
+    """Whether `exc` is what cancelling a session leaves: CancelledError, or an exception group of those and of
+    anyio's Broken/ClosedResourceError (streams closed under a task mid-send)."""
+    import asyncio
+
+    import anyio
+
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_ended_by_the_stop(inner) for inner in exc.exceptions)
+    return isinstance(exc, (asyncio.CancelledError, anyio.BrokenResourceError, anyio.ClosedResourceError))
 
 
 async def _serve(server: Any, wire: Wire) -> None:

@@ -347,9 +347,10 @@ def _elsewhere(record: dict[str, Any]) -> bool:
     return record.get("pidns") is not None and record.get("pidns") != _pid_namespace()
 
 
-def check_no_reindex(store: Any, collection: str) -> None:
+def check_no_reindex(store: Any, collection: str, done: str = "written") -> None:
     """Refuse a server-mode write while another process reindexes `collection` (called after the write's
-    intent is recorded, so the reindex sees the intent or the writer sees the lease: never neither)."""
+    intent is recorded, so the reindex sees the intent or the writer sees the lease: never neither); `done`
+    names what the refused operation would have done ("nothing was deleted")."""
     lease = reindex_lease(store, collection)
     if lease is None or not _elsewhere(lease):
         return
@@ -357,7 +358,7 @@ def check_no_reindex(store: Any, collection: str) -> None:
     _, wait = record_timing(lease)
     raise StoreUnavailableError(
         f"Collection {collection!r} is being reindexed (since {started}, by process {lease.get('pid')} on "
-        f"{lease.get('host')}); nothing was written",
+        f"{lease.get('host')}); nothing was {done}",
         guidance=f"Try again when `research-agent kb reindex --collection {collection}` finishes; a reindex that "
                  f"died stops blocking writes {int(LEASE_SECONDS)} s after its last sign of life (this one: in "
                  f"{wait} s unless it renews its lease).", retry_after_seconds=wait)
