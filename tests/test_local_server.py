@@ -131,17 +131,7 @@ def test_cli_query_through_a_running_server_equals_the_in_process_run(served_sto
             assert _without_timings(served.stdout) == _without_timings(local.stdout), args
             assert json.loads(local.stdout)["results"], args
             assert json.loads(local.stdout)["reranked"] is ("--no-rerank" not in args), args
-        for args in ERRORS:
-            local = _cli({**env, "RESEARCH_AGENT_LOCAL_SERVER": "off"}, work, "--json", *args)
-            served = _cli(env, work, "--json", "-v", *args)
-            assert SERVED in served.stderr, (args, _route(served.stderr))
-            assert local.returncode == served.returncode != 0, (args, local.stderr, served.stderr)
-            assert _error_line(served.stderr) == _error_line(local.stderr), args
-            assert served.stdout == local.stdout == ""
-        # Human output too (the server's answer rendered by the CLI's own renderer).
-        local = _cli({**env, "RESEARCH_AGENT_LOCAL_SERVER": "off"}, work, *QUERIES[0])
-        served = _cli(env, work, "-v", *QUERIES[0])
-        assert SERVED in served.stderr and served.stdout == local.stdout and local.stdout.strip()
+        _same_errors_and_human_output(env, work, ERRORS, QUERIES[0])
     finally:
         _stop(s)
     for line in s.lines:  # the socket wrote nothing on the JSON-RPC wire
@@ -181,18 +171,24 @@ def test_cli_discover_through_a_running_server_equals_the_in_process_run(served_
             out = json.loads(served.stdout)
             assert out["recommendations"], args
             assert "retrieve_knowledge" not in out["message"], out["message"]  # the CLI's words, not an agent's
-        for args in DISCOVERY_ERRORS:
-            local = _cli({**env, "RESEARCH_AGENT_LOCAL_SERVER": "off"}, work, "--json", *args)
-            served = _cli(env, work, "--json", "-v", *args)
-            assert SERVED in served.stderr, (args, _route(served.stderr))
-            assert local.returncode == served.returncode != 0, (args, local.stderr, served.stderr)
-            assert _error_line(served.stderr) == _error_line(local.stderr), args
-            assert served.stdout == local.stdout == ""
-        local = _cli({**env, "RESEARCH_AGENT_LOCAL_SERVER": "off"}, work, *DISCOVERIES[0])
-        served = _cli(env, work, "-v", *DISCOVERIES[0])
-        assert SERVED in served.stderr and served.stdout == local.stdout and local.stdout.strip()
+        _same_errors_and_human_output(env, work, DISCOVERY_ERRORS, DISCOVERIES[0])
     finally:
         _stop(s)
+
+
+def _same_errors_and_human_output(env: dict[str, str], work: Path, errors: list[list[str]], shown: list[str]) -> None:
+    """Each of `errors` gets the same coded error line and exit code through the server as in-process, nothing on
+    stdout; `shown` prints the same human output (the server's answer rendered by the CLI's own renderer)."""
+    for args in errors:
+        local = _cli({**env, "RESEARCH_AGENT_LOCAL_SERVER": "off"}, work, "--json", *args)
+        served = _cli(env, work, "--json", "-v", *args)
+        assert SERVED in served.stderr, (args, _route(served.stderr))
+        assert local.returncode == served.returncode != 0, (args, local.stderr, served.stderr)
+        assert _error_line(served.stderr) == _error_line(local.stderr), args
+        assert served.stdout == local.stdout == ""
+    local = _cli({**env, "RESEARCH_AGENT_LOCAL_SERVER": "off"}, work, *shown)
+    served = _cli(env, work, "-v", *shown)
+    assert SERVED in served.stderr and served.stdout == local.stdout and local.stdout.strip()
 
 
 def _served(env: dict[str, str], work: Path, args: list[str], tries: int = 60) -> subprocess.CompletedProcess[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -114,11 +115,24 @@ def _put_raw(c, key: str, kind: str, doc, collection: str | None = None, **meta)
                         metadatas=[{"record": kind, **({"collection": collection} if collection else {}), **meta}])
 
 
+def _two_documents(c, tmp_path) -> Path:
+    """Collection "kbase" holding docs/d0.txt and docs/d1.txt (packaged model); returns the docs folder."""
+    from research_agent.catalog.collections import create_collection
+    from research_agent.ingest.service import ingest_path
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(2):
+        (docs / f"d{i}.txt").write_text(f"document d{i} first version wordd{i}x alpha beta\n")
+    create_collection(c, "kbase")
+    ingest_path(c, docs, "kbase", recursive=True)
+    return docs
+
+
 def test_garbled_records_are_skipped_and_malformed_intents_never_delete_live_chunks(tmp_path, caplog):
     """On an embedded store with the packaged model. Old code: the write, doctor, `projects list` and a query's
     reads raised JSONDecodeError / TypeError; and recovery (every write first) deleted d0's live chunk named by
     an intent whose chunk count was the text "1" and whose hash shares its first 12 characters."""
-    from research_agent.catalog.collections import create_collection
     from research_agent.catalog.projects import list_projects
     from research_agent.ingest.service import ingest_path
     from research_agent.ops.doctor import run_doctor
@@ -127,12 +141,7 @@ def test_garbled_records_are_skipped_and_malformed_intents_never_delete_live_chu
     store = tmp_path / "store"
     c = open_store(store)
     try:
-        docs = tmp_path / "docs"
-        docs.mkdir()
-        for i in range(2):
-            (docs / f"d{i}.txt").write_text(f"document d{i} first version wordd{i}x alpha beta\n")
-        create_collection(c, "kbase")
-        ingest_path(c, docs, "kbase", recursive=True)
+        docs = _two_documents(c, tmp_path)
         manifests = c.store.registry_find("document", "kbase")
         [m0] = [m for m in manifests.values() if m["document"].endswith("d0.txt")]
         live = set(version_ids("kbase", manifests.values()))
@@ -297,7 +306,6 @@ def test_a_malformed_manifest_is_skipped_named_by_doctor_and_replaced_by_the_nex
     """A garbled manifest (anyone who can write to a Chroma server can make one) costs only its own document: the
     other documents list and answer, doctor names the record and is not healthy, and ingesting the file again
     writes a good manifest over it."""
-    from research_agent.catalog.collections import create_collection
     from research_agent.ingest.documents import list_documents
     from research_agent.ingest.service import ingest_path
     from research_agent.ops.doctor import run_doctor
@@ -305,12 +313,7 @@ def test_a_malformed_manifest_is_skipped_named_by_doctor_and_replaced_by_the_nex
 
     c = open_store(tmp_path / "store")
     try:
-        docs = tmp_path / "docs"
-        docs.mkdir()
-        for i in range(2):
-            (docs / f"d{i}.txt").write_text(f"document d{i} first version wordd{i}x alpha beta\n")
-        create_collection(c, "kbase")
-        ingest_path(c, docs, "kbase", recursive=True)
+        docs = _two_documents(c, tmp_path)
         [key] = [k for k, m in c.store.registry_find("document", "kbase").items() if m["document"].endswith("d1.txt")]
         _put_raw(c, key, "document", BAD_MANIFESTS[name], "kbase")
 
