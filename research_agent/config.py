@@ -199,6 +199,14 @@ class Settings(BaseModel):
             raise ValueError("is empty: give the store's folder, or leave the setting out for the default")
         return value
 
+    @field_validator("host", mode="before")
+    @classmethod
+    def _host_given(cls, value: Any) -> Any:
+        """The MCP server's address: empty printed "Refusing to serve on  without authentication"."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("is empty: give the address to listen on (127.0.0.1, the default, for this machine only)")
+        return value
+
     @field_validator("chroma_host", mode="before")
     @classmethod
     def _host_alone(cls, value: Any) -> Any:

@@ -226,6 +226,7 @@ def test_an_empty_store_setting_is_a_config_error_not_the_working_directory(tmp_
     (["--config", ""], "--config"),
     (["--config", "."], "--config"),
     (["--store", "~nosuchuser-here/x"], "--store"),
+    (["serve", "--transport", "http", "--host", ""], "--host"),
 ])
 def test_flags_that_name_nothing_usable_are_config_errors(tmp_path, args, needle):
     """Attack pass of 2026-11-25: `--chroma-host ''` silently used the embedded default store (a collection created
@@ -241,7 +242,8 @@ def test_flags_that_name_nothing_usable_are_config_errors(tmp_path, args, needle
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESEARCH_AGENT_")}
     env.update(HF_HUB_OFFLINE="1", XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_DATA_HOME=str(tmp_path / "data"))
-    proc = subprocess.run([sys.executable, "-m", "research_agent", "--json", *args, "collections", "create", "notes"],
+    command = args if args[0] == "serve" else [*args, "collections", "create", "notes"]
+    proc = subprocess.run([sys.executable, "-m", "research_agent", "--json", *command],
                           cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
     error = json.loads(proc.stderr.strip().splitlines()[-1])["error"]
