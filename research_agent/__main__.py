@@ -23,6 +23,17 @@ def main() -> None:
         app(prog_name="research-agent")
     except KeyboardInterrupt:
         sys.exit(INTERRUPTED_EXIT)
+    except Exception as exc:
+        if _interrupt_inside(exc):
+            sys.exit(INTERRUPTED_EXIT)
+        raise
+
+
+def _interrupt_inside(exc: BaseException) -> bool:
+    """Whether `exc` was raised because of a KeyboardInterrupt (its direct cause): Python 3.11 wraps one that lands
+    in a class's `__set_name__` (a dataclass being defined while a module loads) in RuntimeError, which printed a
+    traceback and exited 1 for a Ctrl-C."""
+    return isinstance(exc.__cause__, KeyboardInterrupt)
 
 
 if __name__ == "__main__":

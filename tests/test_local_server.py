@@ -257,9 +257,14 @@ def test_a_killed_servers_socket_is_passed_over_and_replaced(served_store, runti
 
 
 def test_ctrl_c_closes_the_socket(served_store, runtime_dir):
-    """Ctrl-C (SIGINT) ends a stdio server as before (exit 130) and removes its socket."""
+    """Ctrl-C (SIGINT) ends a stdio server as before (exit 130) and removes its socket. Spawned with SIGINT's
+    default action: a CI runner started in the background ignores SIGINT, the child inherited that, and a server
+    keeps an inherited SIG_IGN (nohup) by design, so it ran on for the test's 30 s."""
+    from test_mcp_signals import _ctrl_c_reaches_children
+
     root = served_store
-    s = _start(root, runtime_dir, RESEARCH_AGENT_WARMUP="false")
+    with _ctrl_c_reaches_children():
+        s = _start(root, runtime_dir, RESEARCH_AGENT_WARMUP="false")
     try:
         _wait_for_socket(runtime_dir)
         s.proc.send_signal(signal.SIGINT)

@@ -159,3 +159,30 @@ def test_the_first_handler_is_never_installed_over_an_inherited_sig_ign(tmp_path
     proc.stdin.close()  # the client leaves: the server ends by itself
     assert _wait(proc) == 0
     assert "handler <Handlers.SIG_IGN: 1>" in err.read_text(errors="replace")
+
+
+def test_ctrl_c_inside_a_class_definition_while_the_cli_loads_exits_130(monkeypatch):
+    """CI, `python -m research_agent serve` over HTTP, Ctrl-C 120 ms after spawn: the KeyboardInterrupt landed in a
+    dataclass's `__set_name__` while research_agent/cli/state.py loaded, Python 3.11 wrapped it in a RuntimeError
+    ("Error calling __set_name__"), and main() printed that traceback, exit 1. Logic test (the moment is timing):
+    an interrupt wrapped by the interpreter is still Ctrl-C; a RuntimeError of its own is not hidden."""
+    from research_agent import __main__ as entry
+    from research_agent.cli import serve
+
+    def interrupted_inside_a_class(argv):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("Error calling __set_name__ on 'Field' instance '_container' in 'CliState'") from exc
+
+    monkeypatch.setattr(serve, "start_front", interrupted_inside_a_class)
+    with pytest.raises(SystemExit) as info:
+        entry.main()
+    assert info.value.code == 130
+
+    def a_bug(argv):
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(serve, "start_front", a_bug)
+    with pytest.raises(RuntimeError, match="a bug of ours"):
+        entry.main()
