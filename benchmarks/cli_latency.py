@@ -19,8 +19,9 @@ benchmarks/.cache/latency/cross-encoder, random head: same cost, meaningless sco
 (RESEARCH_AGENT_RERANKER_MODEL), scored by CrossEncoder ("torch", rerank.NUMPY_RERANKER off: before) and by
 numpy_encoder.NumpyCrossEncoder ("numpy": after). The import rows are left out (they do not change).
 
-`--server` measures only `total`, in-process (RESEARCH_AGENT_LOCAL_SERVER=off) against answered by a running stdio
-MCP server (started here, warmed up) over the local socket (research_agent/search/local_server.py), alternated.
+`--server` measures only `total` of a query and of a `discover`, in-process (RESEARCH_AGENT_LOCAL_SERVER=off) against
+answered by a running stdio MCP server (started here, warmed up) over the local socket
+(research_agent/search/local_server.py), alternated.
 
 `--before REV` adds a "before" column: the same CLI query run from the tree of git revision REV (exported once under
 benchmarks/.cache/latency/before-REV, first on sys.path), alternated with the current tree's query in every run, so
@@ -238,7 +239,8 @@ def before_tree(rev: str) -> Path:
     return path
 
 
-def cli_command(store: str, query: str, variant: str = "", before: Path | None = None) -> list[str]:
+def cli_command(store: str, query: str, variant: str = "", before: Path | None = None,
+                command: str = "query") -> list[str]:
     if variant == "before":
         assert before is not None
         code = (f"import sys; sys.path.insert(0, {str(before)!r}); import research_agent; "
@@ -247,7 +249,7 @@ def cli_command(store: str, query: str, variant: str = "", before: Path | None =
         head = [PY, "-c", code]
     else:
         head = [PY, "-c", TORCH_CLI] if variant == "torch" else [CLI]
-    return head + ["--json", "--store", store, "query", query, "--collections", COLLECTION]
+    return head + ["--json", "--store", store, command, query, "--collections", COLLECTION]
 
 
 def measure(chunks: int, runs: int, variants: tuple[str, ...], rerank: bool,
@@ -311,30 +313,37 @@ def start_server(store: str, env: dict[str, str]) -> tuple[subprocess.Popen, dic
     raise SystemExit("the server never answered over the local socket")
 
 
+#: The commands `--server` times: a query, and discover (task -> knowledge nodes), which loads the same model.
+SERVED_COMMANDS = {"total (CLI, new process)": "query", "discover (CLI, new process)": "discover"}
+
+
 def measure_server(chunks: int, runs: int, rerank: bool) -> dict[str, dict[str, float]]:
-    """`total` of a CLI query in a new process: in-process (RESEARCH_AGENT_LOCAL_SERVER=off) against answered by a
-    running stdio server over the local socket (research_agent/search/local_server.py), alternated in every run."""
+    """`total` of a CLI query, and of a `discover`, in a new process: in-process (RESEARCH_AGENT_LOCAL_SERVER=off)
+    against answered by a running stdio server over the local socket (research_agent/search/local_server.py),
+    alternated in every run."""
     store = str(store_path(chunks))
     env = {"RESEARCH_AGENT_RERANKER_MODEL": str(cross_encoder_path())} if rerank else {}
     proc, served_env = start_server(store, env)
-    rows: dict[str, list[float]] = {"in-process": [], "server": [], "python startup": []}
+    rows: dict[str, dict[str, list[float]]] = {"in-process": {}, "server": {}}
+    startup: list[float] = []
     try:
         for i in range(runs):
             query = QUERIES[i % len(QUERIES)]
             order = ("in-process", "server") if i % 2 == 0 else ("server", "in-process")
-            rows["python startup"].append(wall([PY, "-c", "pass"]))
+            startup.append(wall([PY, "-c", "pass"]))
             for v in order:
                 extra = {"RESEARCH_AGENT_LOCAL_SERVER": "off"} if v == "in-process" else {}
-                rows[v].append(wall(cli_command(store, query), {**served_env, **extra}))
+                for row, command in SERVED_COMMANDS.items():
+                    rows[v].setdefault(row, []).append(wall(cli_command(store, query, command=command),
+                                                            {**served_env, **extra}))
     finally:
         proc.stdin.close()
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
-    startup = round(statistics.median(rows.pop("python startup")), 1)
-    return {v: {"total (CLI, new process)": round(statistics.median(x), 1), "python startup": startup}
-            for v, x in rows.items()}
+    return {v: {**{row: round(statistics.median(x), 1) for row, x in r.items()},
+                "python startup": round(statistics.median(startup), 1)} for v, r in rows.items()}
 
 
 def main() -> int:

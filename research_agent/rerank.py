@@ -45,6 +45,7 @@ class Reranker:
         self.error: str | None = None
         self.precision: str | None = None  # float32 | bfloat16, decided when the model loads
         self._retry_at: float | None = None  # when a retryable failure (hub unreachable) may be tried again
+        self._missing = False  # the model was not on disk when it failed: tried again once it is
         self._lock = threading.Lock()
 
     @property
@@ -56,6 +57,10 @@ class Reranker:
         answer) is tried again after HUB_RETRY_SECONDS, so a long-running server picks the model up later."""
         with self._lock:
             if self._retry_at is not None and time.monotonic() >= self._retry_at:
+                self.available, self.error, self._retry_at = None, None, None
+            if self.available is False and self._missing and embeddings.on_disk(self.model_name):
+                # On disk since it failed (fetched, or its folder made, as the warning told the user): a
+                # long-running server answered unreranked until restarted while a new process reranked.
                 self.available, self.error, self._retry_at = None, None, None
             if self.available is not None:
                 return self.available
@@ -69,6 +74,7 @@ class Reranker:
                 log.info("reranker %s unavailable: %s", self.model_name, exc)
                 self.error = _describe(exc)
                 self.available = False
+                self._missing = not embeddings.on_disk(self.model_name)  # a broken folder is not retried each query
                 if getattr(exc, "retryable", False):
                     self._retry_at = time.monotonic() + embeddings.HUB_RETRY_SECONDS
             return self.available

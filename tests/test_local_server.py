@@ -415,22 +415,36 @@ def test_on_a_bfloat16_cpu_socket_calls_rerank_as_a_cli_process_does(monkeypatch
     anyio.run(check)
 
 
-def test_relative_paths_in_settings_count_as_the_files_they_name(tmp_path, monkeypatch):
-    """A relative boosts file or model folder names a different file in a CLI's working directory than in the
-    server's: those fingerprints differ (the server would have answered with its own file's boosts or model); the
-    same absolute path, or a model name that is no folder, gives one fingerprint wherever the CLI runs."""
-    from research_agent.config import Settings
-    from research_agent.search.local_server import fingerprint
+def test_relative_paths_are_never_served_and_changed_files_change_the_fingerprint(tmp_path, monkeypatch):
+    """Attack pass of 2026-11-25: a relative boosts file names another file in the server's working directory (one
+    created after it started, or after the folder was renamed): the server answered with its file's boosts where
+    the CLI's run failed or found none. Relative boosts files and model folders are never served (neither side
+    uses the socket). A boosts file or model folder rewritten since the server started (same path; even with its
+    mtime put back) changes the fingerprint, so the CLI runs it itself; a hub model name is no path."""
+    import os
 
-    for name in ("a", "b"):
-        (tmp_path / name / "models" / "m").mkdir(parents=True)
-        (tmp_path / name / "boosts.yaml").write_text("default: 1.0\n")
-    relative = Settings(store=tmp_path / "store", discovery_boosts_file=Path("boosts.yaml"),
-                        embedding_model="models/m", reranker_model="models/m")
-    absolute = Settings(store=tmp_path / "store", discovery_boosts_file=tmp_path / "a" / "boosts.yaml")
-    seen = {}
-    for name in ("a", "b"):
-        monkeypatch.chdir(tmp_path / name)
-        seen[name] = (fingerprint(relative), fingerprint(absolute))
-    assert seen["a"][0] != seen["b"][0]
-    assert seen["a"][1] == seen["b"][1]
+    from research_agent.config import Settings
+    from research_agent.search.local_server import fingerprint, usable
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.json").write_text("{}")
+    (tmp_path / "boosts.yaml").write_text("default: 1.0\n")
+    for relative in ({"discovery_boosts_file": Path("boosts.yaml")}, {"discovery_boosts_file": Path("later.yaml")},
+                     {"embedding_model": "models/m"}, {"reranker_model": "models/m"}):
+        assert "relative" in (usable(Settings(store=tmp_path / "store", **relative)) or ""), relative
+    assert usable(Settings(store=tmp_path / "store", reranker_model="cross-encoder/ms-marco-MiniLM-L6-v2")) is None
+
+    settings = Settings(store=tmp_path / "store", discovery_boosts_file=tmp_path / "boosts.yaml",
+                        embedding_model=str(tmp_path / "models" / "m"))
+    assert usable(settings) is None
+    first = fingerprint(settings)
+    assert fingerprint(settings) == first
+    boosts = tmp_path / "boosts.yaml"
+    kept = os.stat(boosts)
+    boosts.write_text("default: 40.0\n")
+    os.utime(boosts, ns=(kept.st_atime_ns, kept.st_mtime_ns))  # `cp -p`, `rsync -a`: the old mtime back
+    second = fingerprint(settings)
+    assert second != first
+    (tmp_path / "models" / "m" / "config.json").write_text('{"changed": true}')
+    assert fingerprint(settings) != second

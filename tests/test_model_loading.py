@@ -254,3 +254,34 @@ def test_unreachable_hub_is_retried_later_offline_is_not(silent_endpoint, monkey
     offline = Reranker(settings)
     assert offline.load() is False and "HF_HUB_OFFLINE=1 is set in your environment" in offline.error
     assert offline._retry_at is None
+
+
+def test_a_reranker_that_arrives_on_disk_later_loads_in_a_long_running_process(tmp_path, tiny_cross_encoder):
+    """Attack pass of 2026-11-25: a server that warmed up before the cross-encoder was on disk ("not in the local
+    cache and downloads are off") kept answering unreranked after the user fetched it, as the warning told them
+    to, while a new process reranked. An unavailable reranker is tried again once its model is on disk."""
+    from research_agent.config import Settings
+    from research_agent.rerank import Reranker
+
+    later = tmp_path / "later-cross-encoder"
+    reranker = Reranker(Settings(store=tmp_path / "store", reranker_model=str(later)))
+    assert reranker.load() is False and reranker.error
+    shutil.copytree(tiny_cross_encoder, later)
+    assert reranker.load() is True and reranker.error is None
+    assert reranker.score("query", ["a passage"]) is not None
+
+
+def test_a_broken_reranker_folder_is_not_loaded_again_on_every_query(tmp_path, monkeypatch):
+    """The retry above is for a model that was missing: a folder that is there and fails to load is tried once."""
+    from research_agent import rerank
+    from research_agent.config import Settings
+
+    broken = tmp_path / "broken-cross-encoder"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    reranker = rerank.Reranker(Settings(store=tmp_path / "store", reranker_model=str(broken)))
+    tries = []
+    original = reranker._load
+    monkeypatch.setattr(reranker, "_load", lambda *a, **k: tries.append(1) or original(*a, **k))
+    assert reranker.load() is False and reranker.load() is False
+    assert len(tries) <= 1

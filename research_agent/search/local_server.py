@@ -79,9 +79,10 @@ IGNORED_SETTINGS = frozenset({
     "url_allowed_hosts", "url_max_mb", "url_timeout", "max_file_mb", "max_pdf_mb", "max_files_per_run",
     "local_server",
 })
-#: Settings that may name a file or folder (a model may also be a hub name): hashed as the resolved path when one
-#: exists, so a relative one counts as the file it names from the CLI's working directory.
+#: Settings that may name a file or folder (a model may also be a hub name). A relative one is never served (it names
+#: another file in the server's working directory, `usable`); an absolute one is hashed with its files' state.
 PATH_SETTINGS = ("discovery_boosts_file", "embedding_model", "reranker_model")
+_STATE_FILES = 200  # files of a model folder whose size and times are hashed (a sentence-transformers folder: ~15)
 #: What the socket answers: the read-only operations that load models (the server half, mcp/local_socket.py
 #: SERVICES, maps each to its service and call policy; tests/test_local_server.py checks they agree).
 OPS = frozenset({"query", "discover"})
@@ -94,10 +95,10 @@ def fingerprint(settings: Settings) -> str:
     values = settings.model_dump(mode="json")
     relevant = {k: v for k, v in values.items() if k not in IGNORED_SETTINGS}
     relevant["store"] = str(Path(settings.store).expanduser().resolve())
-    for name in PATH_SETTINGS:  # a relative path names another file in the server's working directory
+    for name in PATH_SETTINGS:  # the files as they are now: one rewritten since the server started is another
         value = values.get(name)
-        if isinstance(value, str) and value and Path(value).expanduser().exists():
-            relevant[name] = str(Path(value).expanduser().resolve())
+        if isinstance(value, str) and value:
+            relevant[f"_{name}_files"] = _files_state(_expanded(value))
     relevant["_version"], relevant["_protocol"], relevant["_code"] = __version__, PROTOCOL, code_hash()
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
 
@@ -147,7 +148,48 @@ def usable(settings: Settings) -> str | None:
         return "the store is a Chroma server"
     if not sys.platform.startswith("linux") or not hasattr(socket, "SO_PEERCRED"):
         return "the local socket needs Linux (SO_PEERCRED)"
+    for name in PATH_SETTINGS:
+        value = getattr(settings, name, None)
+        if not value:
+            continue
+        path = _expanded(str(value))
+        # A boosts file is always a path; a model name only when it names a folder here (else a hub name).
+        if not path.is_absolute() and (name == "discovery_boosts_file" or path.exists()):
+            return (f"{name} is a relative path ({str(value)[:200]!r}): a server's working directory may hold "
+                    "another file of that name")
     return None
+
+
+def _expanded(value: str) -> Path:
+    """`value` as a path with `~` expanded (as it was written when `~name` names no user: no such file then)."""
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        return Path(value)
+
+
+def _files_state(path: Path) -> str:
+    """What changes when a boosts file or model folder is rewritten: a file's size, times, inode and, for a small
+    file, its contents (a copy with its mtime put back); a folder's files' sizes, times and inodes. "" when the
+    path is no file (a hub model name)."""
+    try:
+        if path.is_file():
+            st = path.stat()
+            head = path.read_bytes() if st.st_size <= 1 << 20 else b""
+            return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{hashlib.sha256(head).hexdigest()}"
+        if not path.is_dir():
+            return ""
+        parts: list[str] = []
+        for folder, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                if len(parts) >= _STATE_FILES:
+                    break
+                st = (Path(folder) / name).stat()
+                parts.append(f"{Path(folder, name).relative_to(path)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    except OSError as exc:
+        return f"unreadable: {exc.errno}"
 
 
 def runtime_dir() -> Path:
