@@ -475,8 +475,16 @@ def loads_without_torch(settings: Settings) -> bool:
 
 
 def on_disk(name: str) -> bool:
-    """Whether model `name` loads without the network: packaged, a folder, or in the hub cache (no probe)."""
-    return name.lower() in _PACKAGED_NAMES or Path(name).expanduser().exists() or _hf_cache_folder(name) is not None
+    """Whether model `name` loads without the network: packaged, a folder, or in the hub cache (no probe). A name
+    that is no usable path (`~nosuchuser/...`, too long, unreadable) is not on disk."""
+    if name.lower() in _PACKAGED_NAMES:
+        return True
+    try:
+        if Path(name).expanduser().exists():
+            return True
+    except (RuntimeError, OSError, ValueError):
+        return False
+    return _hf_cache_folder(name) is not None
 
 
 def is_loaded(settings: Settings) -> bool:

@@ -285,3 +285,15 @@ def test_a_broken_reranker_folder_is_not_loaded_again_on_every_query(tmp_path, m
     monkeypatch.setattr(reranker, "_load", lambda *a, **k: tries.append(1) or original(*a, **k))
     assert reranker.load() is False and reranker.load() is False
     assert len(tries) <= 1
+
+
+def test_a_reranker_name_with_an_unknown_user_is_unavailable_not_a_crash(tmp_path):
+    """`~nosuchuser/model` raised RuntimeError from on_disk() inside load()'s failure handling (review of
+    2026-11-25): every query failed "Unexpected failure" instead of answering unreranked."""
+    from research_agent import embeddings
+    from research_agent.config import Settings
+    from research_agent.rerank import Reranker
+
+    assert embeddings.on_disk("~nosuchuser-here/model") is False
+    reranker = Reranker(Settings(store=tmp_path / "store", reranker_model="~nosuchuser-here/model"))
+    assert reranker.load() is False and reranker.error

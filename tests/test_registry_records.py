@@ -306,8 +306,9 @@ def test_a_malformed_manifest_is_skipped_named_by_doctor_and_replaced_by_the_nex
     """A garbled manifest (anyone who can write to a Chroma server can make one) costs only its own document: the
     other documents list and answer, doctor names the record and is not healthy, and ingesting the file again
     writes a good manifest over it."""
+    from research_agent.errors import DocumentError
     from research_agent.ingest.documents import list_documents
-    from research_agent.ingest.service import ingest_path
+    from research_agent.ingest.service import ingest_path, reindex_collection
     from research_agent.ops.doctor import run_doctor
     from research_agent.search.service import query_knowledge
 
@@ -322,6 +323,16 @@ def test_a_malformed_manifest_is_skipped_named_by_doctor_and_replaced_by_the_nex
         assert hits and hits[0].source_document == "docs/d0.txt"
         report = run_doctor(c)
         assert not report.healthy and any(key in a for a in report.advice), report.advice
+        # Its chunks are no orphans to delete, nor left behind by a reindex: the record may be restored by hand
+        # (a note has no file to re-ingest). Review of 2026-11-25: repair deleted them, a reindex dropped them.
+        col = c.store.get_collection("kbase")
+        chunks_before = set(col.get(include=[])["ids"])
+        run_doctor(c, repair=True)
+        assert set(c.store.get_collection("kbase").get(include=[])["ids"]) == chunks_before
+        with pytest.raises(DocumentError) as refused:
+            reindex_collection(c, "kbase")
+        assert key in refused.value.message and "doctor" in refused.value.data["guidance"]
+        assert set(c.store.get_collection("kbase").get(include=[])["ids"]) == chunks_before
         assert ingest_path(c, docs, "kbase", recursive=True).files_seen == 2
         manifests = c.store.registry_find("document", "kbase")
         assert sorted(m["document"] for m in manifests.values()) == ["docs/d0.txt", "docs/d1.txt"]

@@ -658,6 +658,7 @@ def reindex_collection(c: Container, collection: str, progress: ProgressFn | Non
         old = open_collection(c, collection, check_model=False)
         recover_interrupted(c, collection, old)
         manifests = c.store.registry_find("document", collection)
+        _refuse_garbled_manifests(c, collection)
         report = IngestReport(collection=collection, files_seen=len(manifests))
         meta = {k: v for k, v in (old.metadata or {}).items() if not k.startswith("hnsw:")}
         meta.update(embedding_model=c.settings.embedding_model, embedding_backend=c.settings.embedding_backend,
@@ -700,6 +701,19 @@ def _copy_all(embedder: Any, collection: str, manifests: dict[str, dict[str, Any
                               chunks_done=report.chunks_written, chunks_total=total, current=m["document"],
                               files_progress=done))
         lease.renew()
+
+
+def _refuse_garbled_manifests(c: Container, collection: str) -> None:
+    """A reindex copies the documents reads can see: the chunks of a manifest no read can use (restorable by hand)
+    would go with the old collection, so it refuses to start while the collection has one."""
+    garbled = c.store.registry_malformed("document", collection)
+    if garbled:
+        shown = ", ".join(repr(k) for k in garbled[:5]) + (", ..." if len(garbled) > 5 else "")
+        raise DocumentError(
+            f"Collection {collection!r} has {len(garbled)} document manifest(s) no read can use ({shown}); "
+            "nothing was reindexed",
+            guidance="Re-ingest those files (a good manifest replaces each record) or restore or delete the records "
+                     "(`research-agent doctor` lists them), then reindex.", collection=collection)
 
 
 def _server_catch_up(c: Container, collection: str, manifests: dict[str, dict[str, Any]], old: Any, new: Any,

@@ -129,6 +129,11 @@ def _check_collection(c: Container, col: Any, repair: bool, actions: list[str]) 
     incomplete = sorted(
         key for key, m in manifests.items() if any(cid not in present for cid in version_ids(name, [m]))
     )
+    if repair and orphans and c.store.registry_malformed(DOCUMENT, name):
+        # A manifest no read can use may name them (restorable by hand: a note has no file to re-ingest).
+        actions.append(f"{name}: kept {len(orphans)} chunks no readable manifest names: manifests of this collection "
+                       "that no read can use may name them (fix or delete those records, then repair again)")
+        orphans = []
     if repair and (orphans or incomplete):
         _remove_damage(c, name, col, orphans, incomplete, actions)
     missing = _missing_files(manifests)

@@ -154,7 +154,7 @@ def usable(settings: Settings) -> str | None:
             continue
         path = _expanded(str(value))
         # A boosts file is always a path; a model name only when it names a folder here (else a hub name).
-        if not path.is_absolute() and (name == "discovery_boosts_file" or path.exists()):
+        if not path.is_absolute() and (name == "discovery_boosts_file" or _exists(path)):
             return (f"{name} is a relative path ({str(value)[:200]!r}): a server's working directory may hold "
                     "another file of that name")
     return None
@@ -168,10 +168,17 @@ def _expanded(value: str) -> Path:
         return Path(value)
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long or unreadable is no folder of ours
+        return False
+
+
 def _files_state(path: Path) -> str:
-    """What changes when a boosts file or model folder is rewritten: a file's size, times, inode and, for a small
-    file, its contents (a copy with its mtime put back); a folder's files' sizes, times and inodes. "" when the
-    path is no file (a hub model name)."""
+    """What changes when a boosts file or model folder is rewritten: a file's size, times (ctime too: a copy with
+    its mtime put back), inode and, for a small file, its contents; a folder's files' sizes, times and inodes. ""
+    when the path is no file (a hub model name)."""
     try:
         if path.is_file():
             st = path.stat()
@@ -186,7 +193,8 @@ def _files_state(path: Path) -> str:
                 if len(parts) >= _STATE_FILES:
                     break
                 st = (Path(folder) / name).stat()
-                parts.append(f"{Path(folder, name).relative_to(path)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+                parts.append(f"{Path(folder, name).relative_to(path)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:"
+                             f"{st.st_ino}")
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
     except OSError as exc:
         return f"unreadable: {exc.errno}"
