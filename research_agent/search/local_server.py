@@ -6,9 +6,9 @@ watcher has already caught up.
 This module is the protocol and the CLI's side of it, on the standard library only: the CLI knows whether a server
 answers before it imports chromadb, numpy or torch. The server's side is research_agent/mcp/local_socket.py.
 
-Who may answer: only a server whose fingerprint (`fingerprint`: the resolved store, every setting but the
-transport/log/limit ones in IGNORED_SETTINGS, the package version, and `code_hash` of the package's .py files, so a
-server running other code never answers) equals the CLI's. The fingerprint names the socket (`socket_path`), so a
+Who may answer: only a server whose fingerprint (search/local_identity.py `fingerprint`: the resolved store, every
+setting but the transport/log/limit ones, the state of the files the settings name, the package version, and
+`code_hash` of the package's .py files, so a server running other code never answers) equals the CLI's. The fingerprint names the socket (`socket_path`), so a
 server with other settings never sees the request; the server compares the whole fingerprint again and declines a
 mismatch. Never with a Chroma server (chroma_host): those queries stay in-process.
 
@@ -36,26 +36,22 @@ checks again (defence in depth); the CLI also reruns an answer that does not val
 from __future__ import annotations
 
 import errno
-import functools
-import hashlib
 import json
 import logging
 import os
 import socket
 import stat
 import struct
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from research_agent import __version__
 from research_agent.config import Settings
 from research_agent.errors import ResearchAgentError
+from research_agent.search.local_identity import PROTOCOL, code_hash, fingerprint, usable
 
 log = logging.getLogger("research_agent.local_server")
 
-PROTOCOL = 2  # 2: keep-alive lines while a call runs
 #: The largest request line: a 1 MB document context (text a user pipes in) plus the rest of the query.
 MAX_REQUEST = 1_100_000
 #: The largest answer the CLI reads (a top_k of max_top_k whole chunks is well under 1 MB).
@@ -70,58 +66,10 @@ KEEPALIVE = 0.5
 IDLE_TIMEOUT = 1.5
 #: Seconds the CLI waits for an answer beyond the server's own call timeout (which bounds the call server-side).
 ANSWER_MARGIN = 5.0
-#: Settings that never change a query's answer (how the server is reached, logged, bounded, what ingest accepts).
-#: Every other setting is part of the fingerprint: a new setting counts until listed here (the safe direction).
-IGNORED_SETTINGS = frozenset({
-    "transport", "host", "port", "auth_type", "api_keys", "allowed_hosts", "allowed_origins", "max_http_sessions",
-    "http_session_idle_timeout", "http_header_timeout", "http_body_timeout", "warmup", "max_concurrent_calls",
-    "call_timeout", "log_level", "log_file", "lock_timeout", "chroma_connect_timeout", "allowed_roots",
-    "url_allowed_hosts", "url_max_mb", "url_timeout", "max_file_mb", "max_pdf_mb", "max_files_per_run",
-    "local_server",
-})
-#: Settings that may name a file or folder (a model may also be a hub name). A relative one is never served (it names
-#: another file in the server's working directory, `usable`); an absolute one is hashed with its files' state.
-PATH_SETTINGS = ("discovery_boosts_file", "embedding_model", "reranker_model")
-_STATE_FILES = 200  # files of a model folder whose size and times are hashed (a sentence-transformers folder: ~15)
 #: What the socket answers: the read-only operations that load models (the server half, mcp/local_socket.py
 #: SERVICES, maps each to its service and call policy; tests/test_local_server.py checks they agree).
 OPS = frozenset({"query", "discover"})
 _MAX_SOCKET_PATH = 100  # bytes; sun_path holds 108 on Linux (107 and a NUL), kept clear of it
-
-
-def fingerprint(settings: Settings) -> str:
-    """A hash of everything that changes an answer: the store (resolved), the settings, the code (version and
-    `code_hash`)."""
-    values = settings.model_dump(mode="json")
-    relevant = {k: v for k, v in values.items() if k not in IGNORED_SETTINGS}
-    relevant["store"] = str(Path(settings.store).expanduser().resolve())
-    for name in PATH_SETTINGS:  # the files as they are now: one rewritten since the server started is another
-        value = values.get(name)
-        if isinstance(value, str) and value:
-            relevant[f"_{name}_files"] = _files_state(_expanded(value))
-    relevant["_version"], relevant["_protocol"], relevant["_code"] = __version__, PROTOCOL, code_hash()
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
-
-
-@functools.lru_cache(maxsize=1)
-def code_hash() -> str:
-    """A hash of the research_agent package's .py files (names and contents), once per process: ~8 ms for 108
-    files (1.2 MB) on a warm cache. Contents, not mtimes: two installs of the same code agree. A server hashes
-    when it starts listening, so a checkout under a running server changes the CLI's hash, not the server's: that
-    server is then not asked."""
-    root = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if name.endswith(".py"):
-                path = Path(folder) / name
-                digest.update(str(path.relative_to(root)).encode() + b"\0")
-                try:
-                    digest.update(path.read_bytes())
-                except OSError:
-                    digest.update(b"unreadable")
-    return digest.hexdigest()
 
 
 def request_error(error: Any) -> bool:
@@ -138,66 +86,6 @@ def request_error(error: Any) -> bool:
     data = error.get("data")
     retryable = not isinstance(data, dict) or data.get("retryable", True) is not False
     return error.get("code") in (-32002, -32003, -32004) and not retryable
-
-
-def usable(settings: Settings) -> str | None:
-    """Why the local socket is not used with these settings, or None."""
-    if settings.local_server == "off":
-        return "RESEARCH_AGENT_LOCAL_SERVER is off"
-    if settings.server_mode:
-        return "the store is a Chroma server"
-    if not sys.platform.startswith("linux") or not hasattr(socket, "SO_PEERCRED"):
-        return "the local socket needs Linux (SO_PEERCRED)"
-    for name in PATH_SETTINGS:
-        value = getattr(settings, name, None)
-        if not value:
-            continue
-        path = _expanded(str(value))
-        # A boosts file is always a path; a model name only when it names a folder here (else a hub name).
-        if not path.is_absolute() and (name == "discovery_boosts_file" or _exists(path)):
-            return (f"{name} is a relative path ({str(value)[:200]!r}): a server's working directory may hold "
-                    "another file of that name")
-    return None
-
-
-def _expanded(value: str) -> Path:
-    """`value` as a path with `~` expanded (as it was written when `~name` names no user: no such file then)."""
-    try:
-        return Path(value).expanduser()
-    except RuntimeError:
-        return Path(value)
-
-
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except (OSError, ValueError):  # a name too long or unreadable is no folder of ours
-        return False
-
-
-def _files_state(path: Path) -> str:
-    """What changes when a boosts file or model folder is rewritten: a file's size, times (ctime too: a copy with
-    its mtime put back), inode and, for a small file, its contents; a folder's files' sizes, times and inodes. ""
-    when the path is no file (a hub model name)."""
-    try:
-        if path.is_file():
-            st = path.stat()
-            head = path.read_bytes() if st.st_size <= 1 << 20 else b""
-            return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:{hashlib.sha256(head).hexdigest()}"
-        if not path.is_dir():
-            return ""
-        parts: list[str] = []
-        for folder, dirs, files in os.walk(path):
-            dirs.sort()
-            for name in sorted(files):
-                if len(parts) >= _STATE_FILES:
-                    break
-                st = (Path(folder) / name).stat()
-                parts.append(f"{Path(folder, name).relative_to(path)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:"
-                             f"{st.st_ino}")
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-    except OSError as exc:
-        return f"unreadable: {exc.errno}"
 
 
 def runtime_dir() -> Path:
