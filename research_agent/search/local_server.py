@@ -10,7 +10,8 @@ Who may answer: only a server whose fingerprint (search/local_identity.py `finge
 setting but the transport/log/limit ones, the state of the files the settings name, the package version, and
 `code_hash` of the package's .py files, so a server running other code never answers) equals the CLI's. The
 fingerprint names the socket (`socket_path`), so a server with other settings never sees the request; the server
-compares the whole fingerprint again and declines a mismatch. Never with a Chroma server (chroma_host): those queries stay in-process.
+compares the whole fingerprint again and declines a mismatch. Never with a Chroma server (chroma_host): those
+queries stay in-process.
 
 Where: `$XDG_RUNTIME_DIR/research-agent/<fingerprint>.sock`, else `/tmp/research-agent-<uid>/...`; the folder is
 the user's own, 0700, not a symbolic link (checked with lstat on both sides: anything else, no socket), the socket
