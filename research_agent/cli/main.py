@@ -236,7 +236,6 @@ def main(
     json_output: bool = typer.Option(False, "--json", help="Machine output: one JSON object on stdout."),
     # Strings, not Paths: Typer turns "" into Path("."), and an empty value must reach the settings' checks.
     config: Optional[str] = typer.Option(None, "--config", metavar="FILE", help="YAML config file."),
-    # A string, not a Path: Typer turns "" into Path("."), and an empty --store must reach the settings' check.
     store: Optional[str] = typer.Option(None, "--store", metavar="PATH", help="Embedded store folder."),
     chroma_host: Optional[str] = typer.Option(None, "--chroma-host", help="Use the Chroma server on this host."),
     chroma_port: Optional[int] = typer.Option(None, "--chroma-port", help="Chroma server port."),
